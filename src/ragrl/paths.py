@@ -1,0 +1,25 @@
+"""The file layout each stage produces, in one place.
+
+Both the stages (which write these files) and the Snakemake rules (which declare them as outputs)
+read it, so the two cannot drift apart. Standard library only: the Snakefile imports it.
+"""
+
+from __future__ import annotations
+
+SPLITS = ("train", "dev", "test")
+KGS = ("A", "B")
+
+
+def world_files() -> list[str]:
+    """Every file `ragrl world` writes, relative to its output directory."""
+    files = ["passages.parquet", "entities.parquet", "relations.parquet", "kb/documents.parquet",
+             "kg/A/triples.parquet", "kg/B/triples.parquet", "manifest.json"]
+    for split in SPLITS:
+        files += [f"qa/{split}.parquet", f"factual/{split}.parquet"]
+        files += [f"kgqa/{kg}/{split}.parquet" for kg in KGS]
+    return files
+
+
+def hf_model_files() -> list[str]:
+    """The files of a saved Hugging Face causal LM + tokenizer (safetensors, no pickle)."""
+    return ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]

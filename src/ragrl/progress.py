@@ -1,0 +1,50 @@
+"""Progress reporting that reads well both in a terminal and in a Snakemake log file.
+
+On a TTY this is a tqdm bar. In a log file (not a TTY) tqdm's carriage returns turn into one huge
+line, so there we print a plain line at most every `interval` seconds and once at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+from tqdm import tqdm
+
+T = TypeVar("T")
+
+
+def progress(
+    items: Iterable[T],
+    desc: str,
+    total: int | None = None,
+    unit: str = "it",
+    interval: float = 10.0,
+    stream=None,
+) -> Iterator[T]:
+    stream = stream if stream is not None else sys.stderr
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    if stream.isatty():
+        yield from tqdm(items, desc=desc, total=total, unit=unit, file=stream)
+        return
+    start = last = time.monotonic()
+    done = 0
+    for item in items:
+        yield item
+        done += 1
+        now = time.monotonic()
+        if now - last >= interval:
+            last = now
+            _line(stream, desc, done, total, unit, now - start)
+    _line(stream, desc, done, total, unit, time.monotonic() - start, final=True)
+
+
+def _line(stream, desc: str, done: int, total: int | None, unit: str, elapsed: float, final: bool = False) -> None:
+    rate = done / elapsed if elapsed > 0 else 0.0
+    of = f"/{total}" if total is not None else ""
+    pct = f" ({100.0 * done / total:.0f}%)" if total else ""
+    tag = "done" if final else "progress"
+    print(f"[{tag}] {desc}: {done}{of} {unit}{pct} in {elapsed:.1f}s, {rate:.1f} {unit}/s", file=stream, flush=True)
