@@ -1,0 +1,42 @@
+# The two commands of README: `make run` (the embedded default, CPU, minutes) and `make test`.
+# Both build or refresh .venv first; the stamp makes that a no-op when nothing changed.
+
+VENV    ?= .venv
+PYTHON  ?= python3
+CORES   ?= 2
+STAMP   := $(VENV)/.ragrl-installed
+BIN     := $(abspath $(VENV))/bin
+
+export PATH := $(BIN):$(PATH)
+# The embedded default needs nothing from a model hub; fail fast instead of trying to reach one.
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: run test lint venv clean
+
+venv: $(STAMP)
+
+# torch first and pinned: installed afterwards, anything depending on torch would pull the
+# newest CUDA build here. On a GPU cluster the same pin resolves to the CUDA wheel.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+run: $(STAMP)
+	snakemake --cores $(CORES) --printshellcmds
+	@echo
+	@echo "world:        $(CURDIR)/results/world   (passages, qa/, kg/, kgqa/, kb/, factual/)"
+	@echo "tiny policy:  $(CURDIR)/results/models/tiny"
+	@echo "logs:         $(CURDIR)/logs   timings: $(CURDIR)/benchmarks"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	snakemake --lint
+
+clean:
+	rm -rf results logs benchmarks .snakemake

@@ -1,0 +1,21 @@
+# ragrl: raw corpora and QA sets → indexes → SFT → RL → merged checkpoints → evaluation → tables.
+# Where a change goes: config keys in config/schemas/config.schema.yaml, path helpers in
+# rules/common.smk, one rule family per file in rules/, the logic in src/ragrl (the `ragrl` CLI).
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/world.smk"
+include: "rules/models.smk"
+
+
+rule all:
+    input:
+        all_outputs(),
+    default_target: True

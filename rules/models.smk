@@ -1,0 +1,48 @@
+# Models the workflow builds itself: the tiny policy of the embedded default, and a smoke check
+# that whatever policy config names loads with Auto* classes and generates.
+
+
+rule tiny_model:
+    input:
+        world_outputs(),
+    output:
+        [f"{tiny_model_dir()}/{f}" for f in hf_model_files()],
+    params:
+        world=input_dir,
+        out=output_dir,
+        spec=config["models"]["tiny"],
+    log:
+        "logs/tiny_model.log",
+    benchmark:
+        "benchmarks/tiny_model.tsv"
+    threads: rule_threads("tiny_model")
+    resources:
+        **rule_resources("tiny_model"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl model tiny --world {params.world} --out {params.out}"
+        " --vocab-size {params.spec[vocab_size]} --hidden-size {params.spec[hidden_size]}"
+        " --num-layers {params.spec[num_layers]} --num-heads {params.spec[num_heads]}"
+        " --num-kv-heads {params.spec[num_kv_heads]} --intermediate-size {params.spec[intermediate_size]}"
+        " --seed {params.spec[seed]} > {log} 2>&1"
+
+
+rule policy_generate:
+    input:
+        policy_inputs(),
+    output:
+        f"{RESULTS}/checks/policy_generate.txt",
+    params:
+        model=policy_param,
+    log:
+        "logs/policy_generate.log",
+    benchmark:
+        "benchmarks/policy_generate.tsv"
+    threads: rule_threads("policy_generate")
+    resources:
+        **rule_resources("policy_generate"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl model generate --model {params.model} --prompt 'Where was' --out {output} > {log} 2>&1"
