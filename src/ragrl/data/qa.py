@@ -1,0 +1,175 @@
+"""Loaders for public QA formats, all producing the one QA contract.
+
+Contract (parquet): `id: string, question: string, golden_answers: list<string>,
+supporting_ids: list<string>, metadata: string`. `metadata` is a JSON object serialised as text:
+datasets carry different extras, and a struct column would differ per dataset (and parquet cannot
+store an empty struct). Formats:
+
+- `flashrag`: FlashRAG jsonl (NQ, TriviaQA, PopQA, Bamboogle, ...); supporting ids unknown → [].
+- `hotpotqa`, `2wikimultihopqa`: the original JSON arrays; supporting ids are the ids the corpus
+  reader gives the context paragraphs named in `supporting_facts`, so they join that corpus.
+- `musique`: MuSiQue jsonl; supporting ids from paragraphs flagged `is_supporting`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+
+import pyarrow as pa
+
+from ragrl.corpus.readers import (
+    PathLike,
+    Where,
+    get_field,
+    get_id,
+    get_list,
+    get_str,
+    get_str_list,
+    hotpot_paragraphs,
+    iter_json_array,
+    iter_jsonl,
+    json_kind,
+    musique_paragraphs,
+)
+from ragrl.errors import DataFormatError
+from ragrl.io import write_parquet
+
+QA_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("question", pa.string()),
+        ("golden_answers", pa.list_(pa.string())),
+        ("supporting_ids", pa.list_(pa.string())),
+        ("metadata", pa.string()),
+    ]
+)
+QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique")
+
+Row = dict
+Located = Iterator[tuple[Where, Row]]
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _answers(values: list[str], at: Where, field: str) -> list[str]:
+    # An empty gold answer would make an empty prediction count as exact match.
+    for i, value in enumerate(values):
+        if not value.strip():
+            raise at.error("answers must not be empty", f"{field}[{i}]")
+    return _unique(values)
+
+
+def _row(qid: str, question: str, answers: list[str], supporting: list[str], metadata: dict) -> Row:
+    return {
+        "id": qid,
+        "question": question,
+        "golden_answers": answers,
+        "supporting_ids": supporting,
+        "metadata": json.dumps(metadata, ensure_ascii=False, sort_keys=True),
+    }
+
+
+def _flashrag(path: PathLike) -> Located:
+    for at, record in iter_jsonl(path):
+        qid = get_id(record, "id", at)
+        question = get_str(record, "question", at, nonblank=True)
+        answers = _answers(get_str_list(record, "golden_answers", at, nonempty=True), at, "golden_answers")
+        metadata = record.get("metadata")
+        if metadata is None:
+            metadata = {}
+        elif not isinstance(metadata, dict):
+            raise at.error(f"expected an object, got {json_kind(metadata)}", "metadata")
+        yield at, _row(qid, question, answers, [], metadata)
+
+
+def _supporting_facts(record: dict, at: Where) -> list[list]:
+    facts = get_list(record, "supporting_facts", at)
+    for i, fact in enumerate(facts):
+        if not (
+            isinstance(fact, list)
+            and len(fact) == 2
+            and isinstance(fact[0], str)
+            and isinstance(fact[1], int)
+            and not isinstance(fact[1], bool)
+        ):
+            raise at.error("expected [title, sentence index]", f"supporting_facts[{i}]")
+    return facts
+
+
+def _hotpot_like(prefix: str) -> Callable[[PathLike], Located]:
+    def load(path: PathLike) -> Located:
+        for at, record in iter_json_array(path):
+            qid = get_id(record, "_id", at)
+            question = get_str(record, "question", at, nonblank=True)
+            answer = get_str(record, "answer", at, nonblank=True)
+            facts = _supporting_facts(record, at)
+            titles = {title for title, _ in facts}
+            # Titles missing from the context are skipped, not errors: in the fullwiki files the
+            # context is retrieved paragraphs, which need not contain the gold ones.
+            supporting = _unique(p["id"] for p in hotpot_paragraphs(record, at, prefix) if p["title"] in titles)
+            metadata = {key: record[key] for key in ("type", "level", "evidences") if key in record}
+            metadata["supporting_facts"] = facts
+            yield at, _row(qid, question, [answer], supporting, metadata)
+
+    return load
+
+
+def _musique(path: PathLike) -> Located:
+    for at, record in iter_jsonl(path):
+        qid = get_id(record, "id", at)
+        question = get_str(record, "question", at, nonblank=True)
+        answer = get_str(record, "answer", at, nonblank=True)
+        aliases = _answers(get_str_list(record, "answer_aliases", at), at, "answer_aliases")
+        answers = _unique([answer, *aliases])
+        supporting = []
+        for j, (passage, raw) in enumerate(musique_paragraphs(record, at)):
+            field = f"paragraphs[{j}].is_supporting"
+            flag = get_field(raw, "is_supporting", at, field)
+            if not isinstance(flag, bool):
+                raise at.error(f"expected a boolean, got {json_kind(flag)}", field)
+            if flag:
+                supporting.append(passage["id"])
+        metadata = {}
+        if "answerable" in record:
+            if not isinstance(record["answerable"], bool):
+                raise at.error(f"expected a boolean, got {json_kind(record['answerable'])}", "answerable")
+            metadata["answerable"] = record["answerable"]
+        if "question_decomposition" in record:
+            metadata["question_decomposition"] = get_list(record, "question_decomposition", at)
+        yield at, _row(qid, question, answers, _unique(supporting), metadata)
+
+
+_LOADERS: dict[str, Callable[[PathLike], Located]] = {
+    "flashrag": _flashrag,
+    "hotpotqa": _hotpot_like("hotpotqa"),
+    "2wikimultihopqa": _hotpot_like("2wikimultihopqa"),
+    "musique": _musique,
+}
+
+
+def load_qa(fmt: str, path: PathLike) -> pa.Table:
+    """A QA table (QA_SCHEMA) from one file in format `fmt`; question ids must be unique."""
+    try:
+        loader = _LOADERS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown QA format {fmt!r}; expected one of {', '.join(QA_FORMATS)}") from None
+    rows: list[Row] = []
+    first_seen: dict[str, Where] = {}
+    for at, row in loader(path):
+        if row["id"] in first_seen:
+            raise at.error(f"duplicate question id '{row['id']}' (first seen at {first_seen[row['id']]})", "id")
+        first_seen[row["id"]] = at
+        rows.append(row)
+    if not rows:
+        raise DataFormatError(path, "empty file: no questions")
+    return pa.Table.from_pylist(rows, schema=QA_SCHEMA)
+
+
+def write_qa(fmt: str, path: PathLike, out_path: PathLike) -> int:
+    """Convert one QA file to the QA parquet at `out_path` (written only if valid); return rows."""
+    table = load_qa(fmt, path)
+    write_parquet(table, out_path)
+    return table.num_rows
