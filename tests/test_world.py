@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -87,7 +88,7 @@ def _check_world(world_dir: Path) -> None:
                 for (_, _, t1), (h2, _, _) in zip(hops, hops[1:]):
                     assert t1 == h2, "bridge hops must chain"
                 assert hops[-1][2] == row["golden_answers"][0]
-                assert row["golden_answers"][0] not in row["question"]
+                assert not re.search(rf"\b{re.escape(row['golden_answers'][0])}\b", row["question"])
                 assert meta["topic_entity"] in row["question"]
                 # The same chain walked on both KGs, each in its own vocabulary, reaches the answer.
                 for kg, col in (("A", "kg_a"), ("B", "kg_b")):
@@ -118,7 +119,8 @@ def _check_world(world_dir: Path) -> None:
                     assert not fact_stated(p["text"], entities[head], rel, tail)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: CI must be reproducible; the seeds still vary across examples.
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1), people=st.integers(20, 60))
 def test_answers_derivable_from_passages_and_kg(tmp_path_factory, seed, people):
     _check_world(_written(tmp_path_factory, seed, people))

@@ -32,6 +32,8 @@ class NameFactory:
         self._used: set[str] = set()
 
     def _word(self, syllables: int) -> str:
+        # At least two syllables: a one-syllable name ("Gry") is a substring of many others, which
+        # would make substring metrics (cover-EM) credit wrong answers.
         rng = self._rng
         parts = [rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables)]
         return ("".join(parts) + rng.choice(_CODAS)).capitalize()
@@ -54,11 +56,11 @@ class NameFactory:
 
     def city(self) -> str:
         rng = self._rng
-        return self._unique(lambda n: f"{rng.choice(_CITY_PREFIX)}{self._word(n - 1)}{rng.choice(_CITY_SUFFIX)}")
+        return self._unique(lambda n: f"{rng.choice(_CITY_PREFIX)}{self._word(n)}{rng.choice(_CITY_SUFFIX)}")
 
     def country(self) -> str:
         rng = self._rng
-        return self._unique(lambda n: self._word(n - 1) + rng.choice(_COUNTRY_SUFFIX))
+        return self._unique(lambda n: self._word(n) + rng.choice(_COUNTRY_SUFFIX))
 
     def company(self) -> str:
         rng = self._rng
