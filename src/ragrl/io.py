@@ -19,6 +19,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish_mode(path: Path, directory: bool) -> None:
+    # mkstemp/mkdtemp create private files (0600/0700); results are shared with a group on a
+    # cluster, so give the final file the mode a plain open() would have.
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; rename it onto `path` only if the block succeeds."""
@@ -29,6 +41,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        _publish_mode(tmp_path, directory=False)
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
@@ -42,6 +55,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        _publish_mode(tmp, directory=True)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
