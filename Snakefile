@@ -13,6 +13,8 @@ configfile: "config/config.yaml"
 include: "rules/common.smk"
 include: "rules/world.smk"
 include: "rules/models.smk"
+include: "rules/data.smk"
+include: "rules/retrieval.smk"
 
 
 rule all:

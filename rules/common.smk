@@ -17,7 +17,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (_SRC, os.environ.get("P
 
 from ragrl.config import config_errors  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
-from ragrl.paths import hf_model_files, world_files  # noqa: E402
+from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: E402
 
 
 _errors = config_errors(config, Path(workflow.basedir) / "config/schemas/config.schema.yaml")
@@ -35,9 +35,38 @@ def _check_models():
             raise WorkflowError(str(exc)) from None
 
 
+def _check_references():
+    # Names that point at other config entries: a dangling one must fail here, not as a
+    # "missing input" deep in the DAG.
+    errors = []
+    retrieval = config["retrieval"]
+    if retrieval["corpus"] not in config["corpora"]:
+        errors.append(f"config key 'retrieval.corpus': '{retrieval['corpus']}' is not a key of corpora {sorted(config['corpora'])}")
+    for i, name in enumerate(retrieval["eval"]["datasets"]):
+        if name not in config["datasets"]:
+            errors.append(f"config key 'retrieval.eval.datasets[{i}]': '{name}' is not a key of datasets {sorted(config['datasets'])}")
+    for name in retrieval["indexes"]:
+        if name in ("bm25", "hybrid"):
+            errors.append(f"config key 'retrieval.indexes.{name}': '{name}' is reserved for the sparse/hybrid retrievers")
+    if retrieval["hybrid"] and not (retrieval["bm25"] and retrieval["indexes"]):
+        errors.append("config key 'retrieval.hybrid': needs retrieval.bm25 and at least one dense index")
+    if errors:
+        raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+
+
 _check_models()
+_check_references()
 
 RESULTS = "results"
+
+
+wildcard_constraints:
+    corpus="[A-Za-z0-9_]+",
+    dataset="[A-Za-z0-9_]+",
+    retriever="[A-Za-z0-9_]+",
+    index="[A-Za-z0-9_]+",
+    shard="[0-9]+",
+    n="[0-9]+",
 
 
 def world_dir():
@@ -96,7 +125,88 @@ def rule_threads(rule_name):
     return merged.get("threads", 1)
 
 
+# ---------------------------------------------------------------- corpora, QA sets, retrieval
+
+
+def corpus_inputs(wildcards):
+    return config["corpora"][wildcards.corpus]["inputs"]
+
+
+def passages_path(corpus):
+    return f"{RESULTS}/corpus/{corpus}/passages.parquet"
+
+
+def qa_path(dataset):
+    """QA sets in the contract are used in place; the public formats go through rule qa."""
+    spec = config["datasets"][dataset]
+    return spec["path"] if spec["format"] == "parquet" else f"{RESULTS}/qa/{dataset}.parquet"
+
+
+def qa_source(wildcards):
+    return config["datasets"][wildcards.dataset]["path"]
+
+
+def shard_paths(corpus):
+    n = config["retrieval"]["shards"]
+    return [f"{RESULTS}/embeddings/{corpus}/shard-{i}-of-{n}.npy" for i in range(n)]
+
+
+def dense_index_dir(corpus, name):
+    return f"{RESULTS}/index/{corpus}/{name}"
+
+
+def bm25_dir(corpus):
+    return f"{RESULTS}/index/{corpus}/bm25"
+
+
+def retrievers():
+    """Retriever names: the dense indexes, then bm25 and hybrid when enabled."""
+    names = list(config["retrieval"]["indexes"])
+    if config["retrieval"]["bm25"]:
+        names.append("bm25")
+    if config["retrieval"]["hybrid"]:
+        names.append("hybrid")
+    return names
+
+
+def retriever_inputs(wildcards):
+    """The index files one retriever reads (a dense dir's files, the BM25 dir, or both)."""
+    corpus, name = wildcards.corpus, wildcards.retriever
+    first_dense = next(iter(config["retrieval"]["indexes"]), None)
+    dense = name if name in config["retrieval"]["indexes"] else (first_dense if name == "hybrid" else None)
+    inputs = {}
+    if dense is not None:
+        inputs["index"] = f"{dense_index_dir(corpus, dense)}/meta.json"
+    if name in ("bm25", "hybrid"):
+        inputs["bm25"] = bm25_dir(corpus)
+    return inputs
+
+
+def retriever_args(wildcards, input):
+    """CLI flags selecting that retriever: --index DIR, --bm25 DIR, --mode."""
+    args = []
+    if "index" in input.keys():
+        args += ["--index", os.path.dirname(input["index"])]
+    if "bm25" in input.keys():
+        args += ["--bm25", input["bm25"]]
+    mode = {"bm25": "bm25", "hybrid": "hybrid"}.get(wildcards.retriever, "dense")
+    return " ".join(args + ["--mode", mode])
+
+
+def eval_datasets():
+    return config["retrieval"]["eval"]["datasets"]
+
+
+def retrieval_reports():
+    corpus = config["retrieval"]["corpus"]
+    return [f"{RESULTS}/retrieval/{corpus}/{r}.json" for r in retrievers()]
+
+
 def all_outputs():
     outputs = world_outputs()
     outputs.append(f"{RESULTS}/checks/policy_generate.txt")
+    if eval_datasets():
+        corpus, hybrid = config["retrieval"]["corpus"], retrievers()[-1]
+        outputs += [f"{RESULTS}/tables/retrieval_recall.md",
+                    f"{RESULTS}/checks/retrieval_service_{corpus}_{hybrid}.json"]
     return outputs

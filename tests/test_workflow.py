@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,9 @@ def _snakemake(workdir: Path, config: dict, *args: str) -> subprocess.CompletedP
     cfg.write_text(yaml.safe_dump(config))
     env = dict(os.environ, HF_HUB_OFFLINE="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     return subprocess.run(
-        [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", str(cfg),
+        # The default config first, the test's overrides merged over it: how users layer configs.
+        [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+         "--configfile", str(REPO / "config/config.yaml"), str(cfg),
          "--cores", "2", *args],
         capture_output=True, text=True, env=env, timeout=900,
     )
@@ -44,9 +47,19 @@ def test_workflow_runs_end_to_end(tmp_path):
     lm = AutoModelForCausalLM.from_pretrained(model)
     assert len(tok) <= 600 and lm.config.hidden_size == 128
     assert (tmp_path / "results/checks/policy_generate.txt").read_text().strip()
-    for rule in ("world", "tiny_model", "policy_generate"):
+    for rule in ("world", "tiny_model", "policy_generate", "retrieval_table"):
         assert (tmp_path / f"logs/{rule}.log").is_file()
         assert (tmp_path / f"benchmarks/{rule}.tsv").is_file()
+    assert (tmp_path / "benchmarks/embed_shard/world/1-of-2.tsv").is_file()
+    # Every configured retriever was evaluated, and dense retrieval finds supporting passages.
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "results/tables/retrieval_recall.csv").open()))
+    assert {r["retriever"] for r in rows} == {"flat", "hnsw", "bm25", "hybrid"}
+    flat = next(r for r in rows if r["retriever"] == "flat" and r["dataset"] == "world_test")
+    assert float(flat["hit@10"]) > 0.5
+    service = json.loads((tmp_path / "results/checks/retrieval_service_world_hybrid.json").read_text())
+    assert service["agreement_with_in_process"] >= 0.95 and service["healthy_after_bad_request"]
     # Nothing left to do: a second run is a no-op.
     again = _snakemake(tmp_path, TINY, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -51,9 +51,175 @@ def _cmd_model_check(args: argparse.Namespace) -> None:
         print(f"{name}: {check_model_name(name, key=args.key)}")
 
 
+def _cmd_corpus(args: argparse.Namespace) -> None:
+    from ragrl.corpus import write_passages
+
+    n = write_passages(args.format, args.inputs, args.out, words=args.words, source=args.source)
+    print(f"{n} passages written to {args.out}")
+
+
+def _cmd_qa(args: argparse.Namespace) -> None:
+    from ragrl.data.qa import write_qa
+
+    n = write_qa(args.format, args.input, args.out)
+    print(f"{n} questions written to {args.out}")
+
+
+def _cmd_index_embed_shard(args: argparse.Namespace) -> None:
+    from ragrl.retrieval.dense import embed_shard
+
+    # The plain name goes into the index meta (portable); the encoder resolves it to a path itself.
+    meta = embed_shard(
+        args.passages, args.model, args.shard, args.num_shards, args.out,
+        query_prefix=args.query_prefix, passage_prefix=args.passage_prefix, batch_size=args.batch_size,
+        max_length=args.max_length,
+    )
+    print(f"shard {args.shard}/{args.num_shards}: {meta}")
+
+
+def _cmd_index_build(args: argparse.Namespace) -> None:
+    from ragrl.retrieval.dense import build_faiss_index
+
+    meta = build_faiss_index(args.shards, args.factory, args.out, train_sample=args.train_sample, seed=args.seed,
+                             passages=args.passages)
+    print(f"index written to {args.out}: {meta}")
+
+
+def _cmd_index_bm25(args: argparse.Namespace) -> None:
+    from ragrl.retrieval.sparse import build_bm25
+
+    meta = build_bm25(args.passages, args.out)
+    print(f"bm25 index written to {args.out}: {meta}")
+
+
+def _searcher_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index", type=Path, help="dense index dir (from `ragrl index build`)")
+    p.add_argument("--bm25", type=Path, help="BM25 index dir (from `ragrl index bm25`)")
+    p.add_argument("--mode", choices=["dense", "bm25", "hybrid"], help="default: what the given dirs allow")
+
+
+def _load_searcher(args: argparse.Namespace):
+    from ragrl.retrieval.searcher import load_searcher
+
+    if args.index is None and args.bm25 is None:
+        raise ValueError("give --index and/or --bm25")
+    return load_searcher(args.index, args.bm25, args.mode)
+
+
+def _cmd_serve_retriever(args: argparse.Namespace) -> None:
+    from ragrl.retrieval.service import serve
+
+    if args.index is None and args.bm25 is None:
+        raise ValueError("give --index and/or --bm25")
+    serve(args.index if args.index is not None else args.bm25, args.host, args.port,
+          bm25_dir=args.bm25 if args.index is not None else None, mode=args.mode, max_batch=args.max_batch,
+          max_topk=args.max_topk, batch_window_ms=args.batch_window_ms)
+
+
+def _cmd_retrieval_eval(args: argparse.Namespace) -> None:
+    from ragrl.retrieval.evaluate import evaluate_retrieval, write_recall_report
+
+    searcher = _load_searcher(args)
+    rows = []
+    for spec in args.qa:
+        name, _, path = spec.partition("=")
+        if not path:
+            raise ValueError(f"--qa {spec!r}: expected NAME=PATH")
+        for row in evaluate_retrieval(searcher, path, args.k):
+            rows.append({"retriever": args.name, "dataset": name, **row})
+            print(f"{args.name} {name} k={row['k']}: recall {row['recall']:.3f} hit {row['hit']:.3f} "
+                  f"all {row['all']:.3f} (n={row['n']})")
+    write_recall_report(rows, args.out)
+
+
+def _cmd_retrieval_table(args: argparse.Namespace) -> None:
+    from ragrl.retrieval.evaluate import recall_table
+
+    print(recall_table(args.reports, args.out_md, args.out_csv))
+
+
+def _cmd_retrieval_service_check(args: argparse.Namespace) -> None:
+    from ragrl.retrieval.service_check import check_service
+
+    index_args = [a for flag, v in (("--index", args.index), ("--bm25", args.bm25), ("--mode", args.mode))
+                  if v is not None for a in (flag, str(v))]
+    report = check_service(index_args, _load_searcher(args), args.qa, args.out, topk=args.topk)
+    print(f"service check passed: {report}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ragrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("corpus", help="read a corpus in a public format into the passages parquet")
+    p.add_argument("--format", required=True, help="parquet | kilt | dpr | flashrag | hotpotqa | 2wikimultihopqa | musique")
+    p.add_argument("--inputs", nargs="+", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--words", type=int, default=100, help="passage length in words (kilt)")
+    p.add_argument("--source", help="value of the `source` column (default: the format)")
+    p.set_defaults(func=_cmd_corpus)
+
+    p = sub.add_parser("qa", help="read a QA set in a public format into the QA parquet")
+    p.add_argument("--format", required=True, help="flashrag | hotpotqa | 2wikimultihopqa | musique")
+    p.add_argument("--input", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_qa)
+
+    index = sub.add_parser("index", help="dense (FAISS) and BM25 indexes").add_subparsers(
+        dest="index_command", required=True)
+    p = index.add_parser("embed-shard", help="encode one contiguous shard of the passages")
+    p.add_argument("--passages", type=Path, required=True)
+    p.add_argument("--model", required=True, help="sentence-transformers model: HF id or local path")
+    p.add_argument("--shard", type=int, required=True)
+    p.add_argument("--num-shards", type=int, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--query-prefix", default="")
+    p.add_argument("--passage-prefix", default="")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-length", type=int)
+    p.set_defaults(func=_cmd_index_embed_shard)
+    p = index.add_parser("build", help="stream embedding shards into a FAISS index_factory index")
+    p.add_argument("--shards", nargs="+", required=True)
+    p.add_argument("--factory", default="Flat", help='faiss index_factory string: "Flat", "HNSW32", "IVF1024,PQ32"...')
+    p.add_argument("--passages", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--train-sample", type=int, default=262_144)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_index_build)
+    p = index.add_parser("bm25", help="build a BM25 index (bm25s)")
+    p.add_argument("--passages", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_index_bm25)
+
+    p = sub.add_parser("serve-retriever", help="HTTP retrieval service (Search-R1 compatible POST /retrieve)")
+    _searcher_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="loopback by default: the service has no authentication")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=64, help="queries gathered into one encode + search")
+    p.add_argument("--max-topk", type=int, default=50)
+    p.add_argument("--batch-window-ms", type=float, default=5.0)
+    p.set_defaults(func=_cmd_serve_retriever)
+
+    retrieval = sub.add_parser("retrieval", help="evaluate and check retrieval").add_subparsers(
+        dest="retrieval_command", required=True)
+    p = retrieval.add_parser("eval", help="recall/hit/all@k of supporting passages on QA sets")
+    _searcher_args(p)
+    p.add_argument("--name", required=True, help="retriever name in the report")
+    p.add_argument("--qa", nargs="+", required=True, metavar="NAME=PATH")
+    p.add_argument("--k", nargs="+", type=int, default=[1, 5, 10])
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_retrieval_eval)
+    p = retrieval.add_parser("table", help="collect eval reports into one markdown + CSV table")
+    p.add_argument("--reports", nargs="+", required=True)
+    p.add_argument("--out-md", type=Path, required=True)
+    p.add_argument("--out-csv", type=Path, required=True)
+    p.set_defaults(func=_cmd_retrieval_table)
+    p = retrieval.add_parser("service-check", help="start the service, query it like Search-R1, compare, stop it")
+    _searcher_args(p)
+    p.add_argument("--qa", type=Path, required=True)
+    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_retrieval_service_check)
 
     p = sub.add_parser("world", help="generate the synthetic world (passages, QA, KGs, KB)")
     p.add_argument("--seed", type=int, required=True)

@@ -23,3 +23,6 @@ def world_files() -> list[str]:
 def hf_model_files() -> list[str]:
     """The files of a saved Hugging Face causal LM + tokenizer (safetensors, no pickle)."""
     return ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+
+DENSE_INDEX_FILES = ("index.faiss", "meta.json")

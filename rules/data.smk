@@ -1,0 +1,43 @@
+# Corpora in public formats → the passages contract; QA sets in public formats → the QA contract.
+
+
+rule corpus:
+    input:
+        corpus_inputs,
+    output:
+        f"{RESULTS}/corpus/{{corpus}}/passages.parquet",
+    params:
+        fmt=lambda wc: config["corpora"][wc.corpus]["format"],
+        words=lambda wc: config["corpora"][wc.corpus]["words"],
+    log:
+        "logs/corpus/{corpus}.log",
+    benchmark:
+        "benchmarks/corpus/{corpus}.tsv"
+    threads: rule_threads("corpus")
+    resources:
+        **rule_resources("corpus"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        "python -m ragrl corpus --format {params.fmt} --inputs {input} --out {output}"
+        " --words {params.words} --source {wildcards.corpus} > {log} 2>&1"
+
+
+rule qa:
+    input:
+        qa_source,
+    output:
+        f"{RESULTS}/qa/{{dataset}}.parquet",
+    params:
+        fmt=lambda wc: config["datasets"][wc.dataset]["format"],
+    log:
+        "logs/qa/{dataset}.log",
+    benchmark:
+        "benchmarks/qa/{dataset}.tsv"
+    threads: rule_threads("qa")
+    resources:
+        **rule_resources("qa"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        "python -m ragrl qa --format {params.fmt} --input {input} --out {output} > {log} 2>&1"
