@@ -1,0 +1,25 @@
+"""The results database and what is made from it: benchmark tables, plots, ad-hoc queries.
+
+* `build_database` (database.py) collects run manifests, metrics, predictions, training logs and
+  Snakemake benchmark files into one DuckDB file, atomically.
+* `render_tables` (tables.py) writes Markdown / CSV / LaTeX benchmark tables from table specs.
+* `plot_training`, `plot_metrics` (plots.py) draw PNG figures (matplotlib is imported lazily).
+* `query` (query.py) runs read-only SQL and prints or writes the result.
+"""
+
+from __future__ import annotations
+
+from ragrl.results.database import build_database
+from ragrl.results.plots import plot_metrics, plot_training
+from ragrl.results.query import query, quote_ident, sql_literal
+from ragrl.results.tables import render_tables
+
+__all__ = [
+    "build_database",
+    "plot_metrics",
+    "plot_training",
+    "query",
+    "quote_ident",
+    "render_tables",
+    "sql_literal",
+]

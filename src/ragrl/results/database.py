@@ -1,0 +1,530 @@
+"""Build the results database: one DuckDB file holding every run, score, prediction, training
+curve and job cost of a workflow run, so that tables, plots and ad-hoc questions are SQL queries.
+
+Inputs (written by the workflow; see the module functions for the exact checks):
+
+* run manifests ``results/runs/{run}/run.json``
+* evaluation summaries ``results/eval/{run}/{dataset}/metrics.json``
+* predictions ``results/eval/{run}/{dataset}/predictions.parquet`` (run and dataset are taken
+  from the two parent directory names)
+* training logs ``results/train/{run}/train_log.jsonl`` (run from the parent directory name)
+* Snakemake benchmark files ``benchmarks/{rule}.tsv`` or ``benchmarks/{rule}/{w1}/{w2}.tsv``
+
+Tables::
+
+    runs        (run_id, recipe, model, config_hash, git_commit, seeds JSON, stage, extra JSON)
+    evals       (run_id, dataset, metric, value DOUBLE, n BIGINT)  -- run x dataset x metric
+    predictions (run_id, dataset, <the parquet columns: id, question, golden_answers, prediction,
+                 turns, queries, generated_tokens, observation_tokens, latency_s, em, f1, ...>)
+    train_log   (run_id, step BIGINT, reward_mean, reward_std, kl, entropy, masked_share,
+                 response_length, searches_per_trajectory, lr, step_time_s, <other logged keys>)
+    jobs        (rule, wildcards, wall_s, max_rss_mb, cpu_s, mean_load, gpu INTEGER,
+                 gpu_hours, benchmark_file, repeat INTEGER)  -- one row per benchmark data row
+    meta        (key, value JSON)                               -- main_metric, table_specs
+
+Views::
+
+    leaderboard (run_id, recipe, model, dataset, metric, value, n)  -- main metric; exactly one
+                 row per run x dataset that has an evaluation (value NULL if it lacks the metric)
+    table_<name> (row_idx, label, run_id, col_idx, dataset, metric, value, best) -- per table spec
+
+How inputs get in: parquet and TSV files are read by DuckDB's own readers (`read_parquet`,
+`read_csv`) with the file paths passed as prepared-statement parameters. The JSON inputs are small
+and must be checked record by record (a bad line must be reported as `file:line`), so they are
+parsed and validated in Python and inserted as parameters / Arrow tables. No file content is ever
+spliced into SQL text; the only literals in SQL (in the view definitions: the main metric and the
+table specs from the config) go through `sql_literal`.
+
+Failure semantics: every input is validated before the database is created; a missing file raises
+`FileNotFoundError`, a malformed one `ragrl.errors.DataFormatError` (``path[:line]: ...``). The
+database is built in a temporary directory next to `db_path` and renamed into place only when
+complete, so a failed build leaves no database (or the previous one untouched).
+
+Conventions: NaN metric values and NaN/inf training-log values are stored as NULL; a benchmark
+value ``-`` is NULL; a benchmark file's data rows are all kept (`repeat` = 0-based row index);
+`gpu` comes from `rule_gpus` (0 for rules not listed) and `gpu_hours = wall_s / 3600 * gpu`.
+Files referring to a run without a run manifest among the inputs are errors, as are two files for
+the same run (x dataset), a repeated training step, and parquet/TSV paths containing glob
+characters (``*?[]{}``; DuckDB's readers would expand them). A benchmark file's rule and wildcards
+come from its path relative to `benchmarks_root` (default: the path's ``benchmarks`` component):
+``benchmarks/train_rl/search_r1/0.tsv`` -> rule ``train_rl``, wildcards ``search_r1/0``; a file
+directly under the root has wildcards ``""``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragrl.errors import DataFormatError
+from ragrl.results.query import one_line, quote_ident, sql_literal
+from ragrl.results.tables import TableSpec, check_spec, normalize_spec, table_sql
+
+PathLike = str | os.PathLike
+
+RUN_STR_FIELDS = ("run_id", "recipe", "model", "config_hash", "git_commit", "stage")
+TRAIN_KEYS = ("reward_mean", "reward_std", "kl", "entropy", "masked_share", "response_length",
+              "searches_per_trajectory", "lr", "step_time_s")
+PREDICTION_COLUMNS = ("id", "question", "golden_answers", "prediction", "turns", "queries",
+                      "generated_tokens", "observation_tokens", "latency_s")
+BENCH_NUMERIC = ("s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out",
+                 "mean_load", "cpu_time")
+_GLOB_CHARS = set("*?[]{}")
+
+_SCHEMA = """
+CREATE TABLE runs (
+    run_id VARCHAR PRIMARY KEY, recipe VARCHAR NOT NULL, model VARCHAR NOT NULL,
+    config_hash VARCHAR NOT NULL, git_commit VARCHAR NOT NULL, seeds JSON NOT NULL,
+    stage VARCHAR NOT NULL, extra JSON NOT NULL);
+CREATE TABLE evals (
+    run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, metric VARCHAR NOT NULL, value DOUBLE,
+    n BIGINT NOT NULL, PRIMARY KEY (run_id, dataset, metric));
+CREATE TABLE jobs (
+    rule VARCHAR NOT NULL, wildcards VARCHAR NOT NULL, wall_s DOUBLE, max_rss_mb DOUBLE,
+    cpu_s DOUBLE, mean_load DOUBLE, gpu INTEGER NOT NULL, gpu_hours DOUBLE,
+    benchmark_file VARCHAR NOT NULL, "repeat" INTEGER NOT NULL);
+CREATE TABLE meta (key VARCHAR PRIMARY KEY, value JSON);
+"""
+
+_EMPTY_PREDICTIONS = """
+CREATE TABLE predictions (
+    run_id VARCHAR, dataset VARCHAR, id VARCHAR, question VARCHAR, golden_answers VARCHAR[],
+    prediction VARCHAR, turns BIGINT, queries VARCHAR[], generated_tokens BIGINT,
+    observation_tokens BIGINT, latency_s DOUBLE)
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# reading and checking inputs (pure Python; nothing is written until all of it passed)
+# --------------------------------------------------------------------------------------------
+
+def _require_file(path: Path, *, duckdb_reader: bool = False) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: input file not found")
+    if duckdb_reader and _GLOB_CHARS & set(str(path)):
+        # DuckDB's readers expand glob patterns; a literal '[' could silently read another file.
+        raise DataFormatError(path, "file path contains a glob character (one of *?[]{}), "
+                                    "which DuckDB's readers would expand; rename it")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _finite_or_none(v: float | int) -> float | None:
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    _require_file(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(path, f"not UTF-8 text ({exc.reason})") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, f"invalid JSON: {exc.msg} (column {exc.colno})",
+                              line=exc.lineno) from None
+    if not isinstance(obj, dict):
+        raise DataFormatError(path, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _read_run(path: Path) -> dict[str, Any]:
+    obj = _read_json_object(path)
+    row: dict[str, Any] = {}
+    for key in RUN_STR_FIELDS:
+        if key not in obj:
+            raise DataFormatError(path, "missing", field=key)
+        if not isinstance(obj[key], str) or (key == "run_id" and not obj[key]):
+            raise DataFormatError(path, f"expected a non-empty string, got {obj[key]!r}"
+                                  if key == "run_id" else f"expected a string, got {obj[key]!r}",
+                                  field=key)
+        row[key] = obj[key]
+    seeds = obj.get("seeds")
+    if not isinstance(seeds, dict):
+        raise DataFormatError(path, "missing or not an object of name -> integer", field="seeds")
+    for name, seed in seeds.items():
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise DataFormatError(path, f"expected an integer, got {seed!r}", field=f"seeds.{name}")
+    row["seeds"] = json.dumps(seeds, sort_keys=True)
+    extra = {k: v for k, v in obj.items() if k not in RUN_STR_FIELDS and k != "seeds"}
+    row["extra"] = json.dumps(_nan_to_none(extra), sort_keys=True, ensure_ascii=False)
+    return row
+
+
+def _nan_to_none(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_nan_to_none(v) for v in obj]
+    return obj
+
+
+def _read_eval(path: Path) -> tuple[str, str, int, dict[str, float | None]]:
+    obj = _read_json_object(path)
+    for key in ("run_id", "dataset"):
+        if not isinstance(obj.get(key), str) or not obj[key]:
+            raise DataFormatError(path, f"missing or not a non-empty string: {obj.get(key)!r}",
+                                  field=key)
+    n = obj.get("n")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise DataFormatError(path, f"missing or not a non-negative integer: {n!r}", field="n")
+    metrics = obj.get("metrics")
+    if not isinstance(metrics, dict) or not metrics:
+        raise DataFormatError(path, "missing or not a non-empty object of name -> number",
+                              field="metrics")
+    values: dict[str, float | None] = {}
+    for name, value in metrics.items():
+        if not name:
+            raise DataFormatError(path, "empty metric name", field="metrics")
+        if value is not None and not _is_number(value):
+            raise DataFormatError(path, f"expected a number or null, got {value!r}",
+                                  field=f"metrics.{name}")
+        values[name] = None if value is None else _finite_or_none(value)
+    return obj["run_id"], obj["dataset"], n, values
+
+
+def _read_train_log(path: Path, run_id: str) -> tuple[list[dict[str, Any]], set[str]]:
+    _require_file(path)
+    records: list[dict[str, Any]] = []
+    keys: set[str] = set()
+    seen: dict[int, int] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(path, f"not UTF-8 text ({exc.reason})") from None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(path, f"invalid JSON: {exc.msg} (column {exc.colno})",
+                                  line=lineno) from None
+        if not isinstance(obj, dict):
+            raise DataFormatError(path, f"expected a JSON object, got {type(obj).__name__}",
+                                  line=lineno)
+        step = obj.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise DataFormatError(path, f"missing or not a non-negative integer: {step!r}",
+                                  line=lineno, field="step")
+        if step in seen:
+            raise DataFormatError(path, f"step {step} already logged on line {seen[step]}",
+                                  line=lineno, field="step")
+        seen[step] = lineno
+        rec: dict[str, Any] = {"step": step}
+        for key, value in obj.items():
+            if key == "step":
+                continue
+            if key == "run_id":
+                if value != run_id:
+                    raise DataFormatError(path, f"{value!r} differs from the run directory "
+                                                f"{run_id!r}", line=lineno, field="run_id")
+                continue
+            if value is not None and not _is_number(value):
+                raise DataFormatError(path, f"expected a number or null, got {value!r}",
+                                      line=lineno, field=key)
+            rec[key] = None if value is None else _finite_or_none(value)
+            keys.add(key)
+        records.append(rec)
+    return records, keys
+
+
+def _check_parquet(path: Path) -> pa.Schema:
+    _require_file(path, duckdb_reader=True)
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataFormatError(path, f"not a readable parquet file: {exc}") from None
+    missing = [c for c in PREDICTION_COLUMNS if c not in schema.names]
+    if missing:
+        raise DataFormatError(path, f"missing column(s) {', '.join(missing)}")
+    return schema
+
+
+def benchmark_rule(path: PathLike, root: PathLike | None = None) -> tuple[str, str]:
+    """(rule, wildcards) of a benchmark file: ``benchmarks/align/nq/3.tsv`` -> ("align", "nq/3").
+
+    With `root`, the path is taken relative to it; otherwise the path's last component named
+    ``benchmarks`` (or its first, if the path starts with one) is the root; failing that the
+    file's stem is the rule.
+    """
+    p = Path(path)
+    if root is not None:
+        try:
+            parts = p.relative_to(root).parts
+        except ValueError:
+            raise DataFormatError(p, f"benchmark file is not under {root}") from None
+    elif p.parts and p.parts[0] == "benchmarks":
+        parts = p.parts[1:]
+    elif "benchmarks" in p.parts[:-1]:
+        idx = len(p.parts) - 1 - p.parts[:-1][::-1].index("benchmarks") - 1
+        parts = p.parts[idx + 1:]
+    else:
+        parts = (p.name,)
+    if not parts:
+        raise DataFormatError(p, "cannot tell the rule from this benchmark path")
+    parts = list(parts)
+    if parts[-1].endswith(".tsv"):
+        parts[-1] = parts[-1][: -len(".tsv")]
+    return parts[0], "/".join(parts[1:])
+
+
+def _check_benchmark(path: Path) -> tuple[list[str], int]:
+    """Check a benchmark TSV; return its header and number of data rows."""
+    _require_file(path, duckdb_reader=True)
+    try:
+        with path.open(encoding="utf-8", newline="") as fh:
+            rows = list(csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(path, f"not UTF-8 text ({exc.reason})") from None
+    if not rows:
+        raise DataFormatError(path, "empty benchmark file (no header)", line=1)
+    header = rows[0]
+    if "s" not in header:
+        raise DataFormatError(path, f"header lacks the 's' column: {header}", line=1)
+    if len(set(header)) != len(header):
+        raise DataFormatError(path, f"duplicate column names in header: {header}", line=1)
+    data = [(i, r) for i, r in enumerate(rows[1:], start=2) if any(c.strip() for c in r)]
+    if not data:
+        raise DataFormatError(path, "no data rows", line=2)
+    for lineno, row in data:
+        if len(row) != len(header):
+            raise DataFormatError(path, f"{len(row)} fields, header has {len(header)}",
+                                  line=lineno)
+        for name, value in zip(header, row):
+            if name in BENCH_NUMERIC and value.strip() != "-":
+                try:
+                    float(value)
+                except ValueError:
+                    raise DataFormatError(path, f"expected a number or '-', got {value!r}",
+                                          line=lineno, field=name) from None
+    return header, len(data)
+
+
+# --------------------------------------------------------------------------------------------
+# building
+# --------------------------------------------------------------------------------------------
+
+def build_database(
+    db_path: PathLike,
+    *,
+    runs: Sequence[PathLike],
+    evals: Sequence[PathLike],
+    predictions: Sequence[PathLike],
+    train_logs: Sequence[PathLike],
+    benchmarks: Sequence[PathLike],
+    rule_gpus: Mapping[str, int],
+    table_specs: Sequence[Mapping[str, Any]],
+    main_metric: str = "em",
+    benchmarks_root: PathLike | None = None,
+) -> Path:
+    """Validate all inputs, then build the DuckDB file at `db_path` atomically. Returns its path."""
+    db_path = Path(db_path)
+    if not isinstance(main_metric, str) or not main_metric:
+        raise ValueError(f"main_metric must be a non-empty string, got {main_metric!r}")
+    for rule, n in rule_gpus.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"rule_gpus[{rule!r}] must be a non-negative integer, got {n!r}")
+    specs: list[TableSpec] = [normalize_spec(s, default_metric=main_metric) for s in table_specs]
+    names = [s.name for s in specs]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError(f"table spec name(s) used more than once: {', '.join(dups)}")
+
+    # --- runs
+    run_rows: list[dict[str, Any]] = []
+    run_files: dict[str, Path] = {}
+    for p in map(Path, runs):
+        row = _read_run(p)
+        if row["run_id"] in run_files:
+            raise DataFormatError(p, f"run {row['run_id']!r} already defined in "
+                                     f"{run_files[row['run_id']]}", field="run_id")
+        run_files[row["run_id"]] = p
+        run_rows.append(row)
+
+    def known_run(run_id: str, path: Path, how: str, field: str | None = None) -> None:
+        if run_id not in run_files:
+            raise DataFormatError(path, f"run {run_id!r} ({how}) has no run manifest "
+                                        "(run.json) among the inputs", field=field)
+
+    # --- evals
+    eval_rows: list[tuple[str, str, str, float | None, int]] = []
+    eval_files: dict[tuple[str, str], Path] = {}
+    for p in map(Path, evals):
+        run_id, dataset, n, metrics = _read_eval(p)
+        known_run(run_id, p, "from the file", "run_id")
+        if (run_id, dataset) in eval_files:
+            raise DataFormatError(p, f"run {run_id!r} x dataset {dataset!r} already evaluated "
+                                     f"in {eval_files[run_id, dataset]}")
+        eval_files[run_id, dataset] = p
+        eval_rows += [(run_id, dataset, m, v, n) for m, v in metrics.items()]
+    if eval_rows and main_metric not in {r[2] for r in eval_rows}:
+        raise ValueError(f"main metric {main_metric!r} appears in no metrics.json "
+                         f"(metrics: {', '.join(sorted({r[2] for r in eval_rows}))})")
+
+    # --- predictions
+    pred_map: list[tuple[int, str, str, str, int]] = []
+    pred_cols: set[str] = set()
+    seen_pred: dict[tuple[str, str], Path] = {}
+    for i, p in enumerate(map(Path, predictions)):
+        schema = _check_parquet(p)
+        run_id, dataset = p.parent.parent.name, p.parent.name
+        known_run(run_id, p, "from the directory name")
+        if (run_id, dataset) in seen_pred:
+            raise DataFormatError(p, f"predictions for run {run_id!r} x dataset {dataset!r} "
+                                     f"already given in {seen_pred[run_id, dataset]}")
+        seen_pred[run_id, dataset] = p
+        pred_cols.update(schema.names)
+        pred_map.append((i, os.fspath(p), run_id, dataset, pq.read_metadata(p).num_rows))
+
+    # --- training logs
+    train_records: list[dict[str, Any]] = []
+    extra_keys: set[str] = set()
+    seen_log: dict[str, Path] = {}
+    for p in map(Path, train_logs):
+        run_id = p.parent.name
+        known_run(run_id, p, "from the directory name")
+        if run_id in seen_log:
+            raise DataFormatError(p, f"training log for run {run_id!r} already given in "
+                                     f"{seen_log[run_id]}")
+        seen_log[run_id] = p
+        records, keys = _read_train_log(p, run_id)
+        extra_keys |= keys - set(TRAIN_KEYS)
+        train_records += [{"run_id": run_id, **r} for r in records]
+
+    # --- benchmarks
+    bench: list[tuple[Path, str, str, list[str], int]] = []
+    for p in map(Path, benchmarks):
+        header, nrows = _check_benchmark(p)
+        rule, wildcards = benchmark_rule(p, benchmarks_root)
+        bench.append((p, rule, wildcards, header, nrows))
+
+    # --- write
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{db_path.name}.", suffix=".tmp", dir=db_path.parent))
+    tmp_db = tmp_dir / db_path.name
+    try:
+        con = duckdb.connect(str(tmp_db))
+        try:
+            _write_all(con, run_rows, eval_rows, pred_map, pred_cols, train_records, extra_keys,
+                       bench, dict(rule_gpus), specs, main_metric)
+            con.execute("CHECKPOINT")
+        except duckdb.Error as exc:
+            raise ValueError(f"{db_path}: building the results database failed: "
+                             f"{one_line(exc)}") from exc
+        finally:
+            con.close()
+        # A stale write-ahead log of an earlier database at db_path would be replayed onto ours.
+        Path(f"{db_path}.wal").unlink(missing_ok=True)
+        os.replace(tmp_db, db_path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return db_path
+
+
+def _write_all(con, run_rows, eval_rows, pred_map, pred_cols, train_records, extra_keys,
+               bench, rule_gpus, specs, main_metric) -> None:
+    con.execute(_SCHEMA)
+    cols = ", ".join(("run_id", "recipe", "model", "config_hash", "git_commit", "seeds", "stage",
+                      "extra"))
+    if run_rows:
+        con.executemany(
+            f"INSERT INTO runs ({cols}) VALUES (?, ?, ?, ?, ?, ?::JSON, ?, ?::JSON)",
+            [[r["run_id"], r["recipe"], r["model"], r["config_hash"], r["git_commit"],
+              r["seeds"], r["stage"], r["extra"]] for r in run_rows])
+    if eval_rows:
+        con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
+
+    # predictions: one read_parquet over all files; run/dataset joined on the file name.
+    if pred_map:
+        files = pa.table({
+            "ord": [m[0] for m in pred_map], "file": [m[1] for m in pred_map],
+            "run_id": [m[2] for m in pred_map], "dataset": [m[3] for m in pred_map],
+            "expected": [m[4] for m in pred_map],
+        })
+        con.register("_pred_files", files)
+        exclude = ["__source_file", "file_row_number"] + [c for c in ("run_id", "dataset")
+                                                           if c in pred_cols]
+        con.execute(
+            "CREATE TABLE predictions AS "
+            "SELECT m.run_id, m.dataset, p.* EXCLUDE ("
+            + ", ".join(quote_ident(c) for c in exclude) + ") "
+            "FROM read_parquet(?, union_by_name = true, filename = '__source_file', "
+            "file_row_number = true) p "
+            "JOIN _pred_files m ON m.file = p.__source_file "
+            "ORDER BY m.ord, p.file_row_number",
+            [[m[1] for m in pred_map]])
+        bad = con.execute(
+            "SELECT f.file, f.expected, count(p.run_id) FROM _pred_files f "
+            "LEFT JOIN predictions p ON p.run_id = f.run_id AND p.dataset = f.dataset "
+            "GROUP BY ALL HAVING count(p.run_id) <> f.expected").fetchall()
+        if bad:
+            f, want, got = bad[0]
+            raise DataFormatError(f, f"expected {want} prediction rows, loaded {got}")
+        con.unregister("_pred_files")
+    else:
+        con.execute(_EMPTY_PREDICTIONS)
+
+    # training logs
+    keys = list(TRAIN_KEYS) + sorted(extra_keys)
+    log = pa.table(
+        {"run_id": pa.array([r["run_id"] for r in train_records], pa.string()),
+         "step": pa.array([r["step"] for r in train_records], pa.int64())}
+        | {k: pa.array([r.get(k) for r in train_records], pa.float64()) for k in keys})
+    con.register("_train_log", log)
+    con.execute("CREATE TABLE train_log AS SELECT * FROM _train_log ORDER BY run_id, step")
+    con.unregister("_train_log")
+
+    # benchmarks: one read_csv per file (headers may differ); values checked beforehand.
+    targets = {"wall_s": "s", "max_rss_mb": "max_rss", "cpu_s": "cpu_time",
+               "mean_load": "mean_load"}
+    for path, rule, wildcards, header, nrows in bench:
+        exprs = [
+            f"CAST(NULLIF(trim({quote_ident(src)}), '-') AS DOUBLE) AS {col}"
+            if src in header else f"CAST(NULL AS DOUBLE) AS {col}"
+            for col, src in targets.items()
+        ]
+        gpu = int(rule_gpus.get(rule, 0))
+        con.execute(
+            "INSERT INTO jobs SELECT ?, ?, wall_s, max_rss_mb, cpu_s, mean_load, "
+            "?, wall_s / 3600.0 * ?, ?, CAST(row_number() OVER () - 1 AS INTEGER) FROM ("
+            "SELECT " + ", ".join(exprs) + " FROM read_csv(?, delim = '\t', header = true, "
+            "all_varchar = true, quote = '', escape = ''))",
+            [rule, wildcards, gpu, gpu, os.fspath(path), os.fspath(path)])
+        (loaded,) = con.execute("SELECT count(*) FROM jobs WHERE benchmark_file = ?",
+                                [os.fspath(path)]).fetchone()
+        if loaded != nrows:
+            raise DataFormatError(path, f"expected {nrows} data rows, DuckDB read {loaded}")
+
+    # meta + views
+    con.execute("INSERT INTO meta VALUES ('main_metric', ?::JSON), ('table_specs', ?::JSON)",
+                [json.dumps(main_metric), json.dumps([dataclasses.asdict(s) for s in specs])])
+    metric = sql_literal(main_metric)
+    con.execute(f"""
+CREATE VIEW leaderboard AS
+SELECT p.run_id, r.recipe, r.model, p.dataset, {metric} AS metric, e.value, p.n
+FROM (SELECT run_id, dataset, any_value(n) AS n FROM evals GROUP BY run_id, dataset) p
+JOIN runs r ON r.run_id = p.run_id
+LEFT JOIN evals e ON e.run_id = p.run_id AND e.dataset = p.dataset AND e.metric = {metric}
+ORDER BY p.run_id, p.dataset""")
+    for spec in specs:
+        check_spec(con, spec)
+        con.execute(f"CREATE VIEW {quote_ident(spec.view)} AS {table_sql(spec)}")

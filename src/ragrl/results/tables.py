@@ -1,0 +1,340 @@
+"""Benchmark tables: runs x datasets grids of one metric, as Markdown, CSV and LaTeX.
+
+A table spec (from the config) is::
+
+    {"name": "main", "title": "Main results", "runs": ["r1", "r2"], "datasets": ["nq", "hotpotqa"],
+     "metric": "em", "higher_is_better": true, "label": "run_id", "precision": 3}
+
+Only `name` is required. `runs` defaults to every run with a value of `metric` (ordered by
+run_id), `datasets` to every dataset with a value of `metric` (ordered by name), `metric` to the
+database's main metric, `higher_is_better` to true, `label` (the column of `runs` shown as the row
+label) to `run_id`, `precision` (decimal places) to 3, `title` to the name. Unknown keys, unknown
+runs / datasets / label columns and a metric absent from the database are errors.
+
+The same SQL (`table_sql`) defines the `table_<name>` views in the database and feeds
+`render_tables`, so the files and the views always agree. The view has one row per
+run x dataset (row_idx, label, run_id, col_idx, dataset, metric, value, best); `best` is true for
+every cell holding the column's best value (ties are all marked), computed on the stored values,
+not on the rounded ones.
+
+Rendering conventions (all three files list rows in spec order, columns in dataset order):
+
+* Markdown: best cell in bold ``**0.512**``; missing cell ``–`` (en dash).
+* CSV: first column is the label column, then one column per dataset; the best cell carries a
+  ``*`` suffix (``0.512*``); a missing cell is ``–``. Strip a trailing ``*`` to get the number.
+* LaTeX: a booktabs ``table`` (needs ``\\usepackage{booktabs}``); best cell ``\\textbf{0.512}``;
+  missing cell ``--`` (LaTeX's en dash); labels, dataset names and the title are escaped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ragrl.results.query import (
+    connect_read_only,
+    one_line,
+    quote_ident,
+    sql_literal,
+    write_utf8,
+)
+
+SPEC_KEYS = frozenset(
+    {"name", "title", "runs", "datasets", "metric", "higher_is_better", "label", "precision"})
+MISSING = "–"
+LATEX_MISSING = "--"
+CSV_BEST_SUFFIX = "*"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    title: str
+    runs: tuple[str, ...] | None
+    datasets: tuple[str, ...] | None
+    metric: str
+    higher_is_better: bool
+    label: str
+    precision: int
+
+    @property
+    def view(self) -> str:
+        return f"table_{self.name}"
+
+
+def _str_list(value: Any, what: str, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError(f"{where}: '{what}' must be a non-empty list of names")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"{where}: '{what}' must hold non-empty strings, got {item!r}")
+    dups = sorted({x for x in value if list(value).count(x) > 1})
+    if dups:
+        raise ValueError(f"{where}: '{what}' lists {', '.join(dups)} more than once")
+    return tuple(value)
+
+
+def normalize_spec(spec: Mapping[str, Any] | TableSpec, *, default_metric: str = "em") -> TableSpec:
+    """Check a table spec from the config and fill in the defaults."""
+    if isinstance(spec, TableSpec):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"table spec must be a mapping, got {type(spec).__name__}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"table spec name {name!r} must match {_NAME_RE.pattern} "
+                         "(it names the view and the output files)")
+    where = f"table spec '{name}'"
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; "
+                         f"allowed: {', '.join(sorted(SPEC_KEYS))}")
+    runs = None if spec.get("runs") is None else _str_list(spec["runs"], "runs", where)
+    datasets = (None if spec.get("datasets") is None
+                else _str_list(spec["datasets"], "datasets", where))
+    metric = spec.get("metric", default_metric)
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"{where}: 'metric' must be a non-empty string")
+    hib = spec.get("higher_is_better", True)
+    if not isinstance(hib, bool):
+        raise ValueError(f"{where}: 'higher_is_better' must be true or false, got {hib!r}")
+    label = spec.get("label", "run_id")
+    if not isinstance(label, str) or not label:
+        raise ValueError(f"{where}: 'label' must be a column name of the runs table")
+    precision = spec.get("precision", 3)
+    if isinstance(precision, bool) or not isinstance(precision, int) or not 0 <= precision <= 12:
+        raise ValueError(f"{where}: 'precision' must be an integer from 0 to 12, got {precision!r}")
+    title = spec.get("title", name)
+    if not isinstance(title, str):
+        raise ValueError(f"{where}: 'title' must be a string")
+    return TableSpec(name, title, runs, datasets, metric, hib, label, precision)
+
+
+def _values(rows: Iterable[tuple[int, str]]) -> str:
+    return ", ".join(f"({i}, {sql_literal(v)})" for i, v in rows)
+
+
+def table_sql(spec: TableSpec) -> str:
+    """The SELECT behind the `table_<name>` view (literals quoted with `sql_literal`)."""
+    metric = sql_literal(spec.metric)
+    if spec.runs is None:
+        sel_runs = (f"SELECT CAST(row_number() OVER (ORDER BY run_id) - 1 AS INTEGER) AS row_idx, "
+                    f"run_id FROM (SELECT DISTINCT run_id FROM evals WHERE metric = {metric})")
+    else:
+        sel_runs = (f"SELECT * FROM (VALUES {_values(enumerate(spec.runs))}) "
+                    "AS v(row_idx, run_id)")
+    if spec.datasets is None:
+        sel_ds = (f"SELECT CAST(row_number() OVER (ORDER BY dataset) - 1 AS INTEGER) AS col_idx, "
+                  f"dataset FROM (SELECT DISTINCT dataset FROM evals WHERE metric = {metric})")
+    else:
+        sel_ds = (f"SELECT * FROM (VALUES {_values(enumerate(spec.datasets))}) "
+                  "AS v(col_idx, dataset)")
+    agg = "max" if spec.higher_is_better else "min"
+    return f"""
+WITH sel_runs AS ({sel_runs}),
+     sel_datasets AS ({sel_ds}),
+     m AS (SELECT run_id, dataset, value FROM evals WHERE metric = {metric}),
+     grid AS (
+        SELECT sr.row_idx, CAST(r.{quote_ident(spec.label)} AS VARCHAR) AS label, sr.run_id,
+               sd.col_idx, sd.dataset, m.value
+        FROM sel_runs sr
+        JOIN runs r ON r.run_id = sr.run_id
+        CROSS JOIN sel_datasets sd
+        LEFT JOIN m ON m.run_id = sr.run_id AND m.dataset = sd.dataset)
+SELECT row_idx, label, run_id, col_idx, dataset, {metric} AS metric, value,
+       coalesce(value = {agg}(value) OVER (PARTITION BY col_idx), false) AS best
+FROM grid
+ORDER BY row_idx, col_idx""".strip()
+
+
+def check_spec(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> None:
+    """Fail clearly when the spec names runs, datasets, a label or a metric the DB lacks."""
+    where = f"table spec '{spec.name}'"
+    run_columns = [r[0] for r in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs' "
+        "ORDER BY ordinal_position").fetchall()]
+    if spec.label not in run_columns:
+        raise ValueError(f"{where}: label {spec.label!r} is not a column of runs "
+                         f"({', '.join(run_columns)})")
+    metrics = {r[0] for r in con.execute("SELECT DISTINCT metric FROM evals").fetchall()}
+    if spec.metric not in metrics:
+        raise ValueError(f"{where}: metric {spec.metric!r} not in the database "
+                         f"(have: {', '.join(sorted(metrics)) or 'none'})")
+    if spec.runs is not None:
+        known = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
+        missing = [r for r in spec.runs if r not in known]
+        if missing:
+            raise ValueError(f"{where}: run(s) {', '.join(missing)} not in the database")
+    if spec.datasets is not None:
+        known = {r[0] for r in con.execute("SELECT DISTINCT dataset FROM evals").fetchall()}
+        missing = [d for d in spec.datasets if d not in known]
+        if missing:
+            raise ValueError(f"{where}: dataset(s) {', '.join(missing)} not in the database")
+
+
+@dataclass
+class TableData:
+    spec: TableSpec
+    labels: list[str]
+    run_ids: list[str]
+    datasets: list[str]
+    values: list[list[float | None]]  # [row][col]
+    best: list[list[bool]]
+
+    def cell(self, r: int, c: int) -> str:
+        v = self.values[r][c]
+        return MISSING if v is None else f"{v:.{self.spec.precision}f}"
+
+
+def load_table(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> TableData:
+    check_spec(con, spec)
+    rows = con.execute(table_sql(spec)).fetchall()
+    labels: dict[int, str] = {}
+    run_ids: dict[int, str] = {}
+    datasets: dict[int, str] = {}
+    cells: dict[tuple[int, int], tuple[float | None, bool]] = {}
+    for row_idx, label, run_id, col_idx, dataset, _metric, value, best in rows:
+        labels[row_idx], run_ids[row_idx], datasets[col_idx] = label, run_id, dataset
+        cells[row_idx, col_idx] = (value, bool(best))
+    rs, cs = sorted(labels), sorted(datasets)
+    return TableData(
+        spec=spec,
+        labels=[labels[r] if labels[r] is not None else "" for r in rs],
+        run_ids=[run_ids[r] for r in rs],
+        datasets=[datasets[c] for c in cs],
+        values=[[cells[r, c][0] for c in cs] for r in rs],
+        best=[[cells[r, c][1] for c in cs] for r in rs],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# renderers
+# --------------------------------------------------------------------------------------------
+
+def _md_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+_LATEX_SPECIALS = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+    "\n": " ",
+}
+
+
+def latex_escape(text: str) -> str:
+    """Escape LaTeX's special characters so `text` prints literally in text mode."""
+    return "".join(_LATEX_SPECIALS.get(ch, ch) for ch in text)
+
+
+def _direction(spec: TableSpec) -> str:
+    return "higher is better" if spec.higher_is_better else "lower is better"
+
+
+def render_markdown(t: TableData) -> str:
+    spec = t.spec
+    head = [spec.label] + t.datasets
+    lines = [
+        f"**{_md_escape(spec.title)}** ({_md_escape(spec.metric)}, {_direction(spec)}; "
+        f"best per column in bold, {MISSING} = missing)",
+        "",
+        "| " + " | ".join(_md_escape(h) for h in head) + " |",
+        "|" + "|".join([":---"] + ["---:"] * len(t.datasets)) + "|",
+    ]
+    for r, label in enumerate(t.labels):
+        cells = []
+        for c in range(len(t.datasets)):
+            text = t.cell(r, c)
+            cells.append(f"**{text}**" if t.best[r][c] else text)
+        lines.append("| " + " | ".join([_md_escape(label)] + cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(t: TableData) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([t.spec.label] + t.datasets)
+    for r, label in enumerate(t.labels):
+        writer.writerow([label] + [
+            t.cell(r, c) + (CSV_BEST_SUFFIX if t.best[r][c] else "")
+            for c in range(len(t.datasets))
+        ])
+    return buf.getvalue()
+
+
+def render_latex(t: TableData) -> str:
+    spec = t.spec
+    lines = [
+        "% generated by ragrl (results tables); needs \\usepackage{booktabs}",
+        "\\begin{table}[t]",
+        "\\centering",
+        f"\\caption{{{latex_escape(spec.title)} ({latex_escape(spec.metric)}, "
+        f"{_direction(spec)})}}",
+        f"\\label{{tab:{spec.name}}}",
+        "\\begin{tabular}{l" + "r" * len(t.datasets) + "}",
+        "\\toprule",
+        " & ".join(latex_escape(h) for h in [spec.label] + t.datasets) + " \\\\",
+        "\\midrule",
+    ]
+    for r, label in enumerate(t.labels):
+        cells = []
+        for c in range(len(t.datasets)):
+            if t.values[r][c] is None:
+                cells.append(LATEX_MISSING)
+            else:
+                text = t.cell(r, c)
+                cells.append(f"\\textbf{{{text}}}" if t.best[r][c] else text)
+        lines.append(" & ".join([latex_escape(label)] + cells) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def _default_metric(con: duckdb.DuckDBPyConnection) -> str:
+    try:
+        row = con.execute("SELECT value ->> '$' FROM meta WHERE key = 'main_metric'").fetchone()
+    except duckdb.Error:
+        row = None
+    return row[0] if row and row[0] else "em"
+
+
+def render_tables(db_path: str | os.PathLike, specs: Sequence[Mapping[str, Any]],
+                  out_dir: str | os.PathLike) -> list[Path]:
+    """Write `{name}.md`, `{name}.csv` and `{name}.tex` for each spec into `out_dir`.
+
+    Returns the written paths (in spec order, md/csv/tex each). Every spec is checked and
+    rendered before the first file is written, so a bad spec writes nothing.
+    """
+    out_dir = Path(out_dir)
+    con = connect_read_only(db_path)
+    try:
+        default_metric = _default_metric(con)
+        norm = [normalize_spec(s, default_metric=default_metric) for s in specs]
+        names = [s.name for s in norm]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError(f"table spec name(s) used more than once: {', '.join(dups)}")
+        try:
+            tables = [load_table(con, s) for s in norm]
+        except duckdb.Error as exc:
+            raise ValueError(f"{db_path}: rendering tables failed: {one_line(exc)}") from exc
+    finally:
+        con.close()
+    rendered = []
+    for t in tables:
+        rendered += [
+            (out_dir / f"{t.spec.name}.md", render_markdown(t)),
+            (out_dir / f"{t.spec.name}.csv", render_csv(t)),
+            (out_dir / f"{t.spec.name}.tex", render_latex(t)),
+        ]
+    for path, text in rendered:
+        write_utf8(text, path)
+    return [p for p, _ in rendered]
