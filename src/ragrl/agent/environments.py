@@ -1,0 +1,165 @@
+"""Search environments: turn parsed actions into observation text, one retriever call per turn.
+
+An environment is batched by construction: `respond` receives the actions of every active
+trajectory of one turn and sends all their queries to the retriever in a single `search` call,
+because a retrieval server (dense index on a GPU, BM25 over a large corpus) amortises well over a
+batch and badly over hundreds of one-query requests.
+
+Retrieval failures are not the environment's to hide. A retriever exception propagates, with a
+note saying what was being searched; a malformed result raises `RetrievalResultError`. Turning
+either into empty observations would give every trajectory a silent zero reward and an RL run
+that "trains" on nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from ragrl.agent.protocol import (
+    Action,
+    ActionSpec,
+    DEFAULT_QUERY_SEPARATORS,
+    dropped_note,
+    format_docs,
+    format_multi_docs,
+    invalid_message,
+    parse_action,
+)
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Anything with a batched search; each hit is a mapping with `id`, `title`, `text` (and maybe `score`)."""
+
+    def search(self, queries: list[str], topk: int) -> list[list[dict]]: ...
+
+
+class Environment(Protocol):
+    """What the rollout engine needs from an environment (KG environments implement the same)."""
+
+    name: str
+    spec: ActionSpec
+    last_search_s: float  # wall time of the latest backend call, attributed to the turn's searchers
+
+    def parse(self, text: str) -> Action: ...
+
+    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = ()) -> list[str | None]: ...
+
+
+class RetrievalResultError(ValueError):
+    """The retriever answered, but not with one list of documents per query."""
+
+
+class SearchEnvironment:
+    """Search-R1: one `<search>query</search>` per turn, or `<answer>…</answer>`."""
+
+    name = "search"
+
+    def __init__(self, retriever: Retriever, topk: int = 3) -> None:
+        if topk < 1:
+            raise ValueError(f"topk={topk} must be >= 1")
+        self.retriever = retriever
+        self.topk = topk
+        self.spec = self._make_spec()
+        self.last_search_s = 0.0  # wall time of the latest retriever call (0 when none was needed)
+
+    def _make_spec(self) -> ActionSpec:
+        return ActionSpec(actions=("search", "answer"))
+
+    def parse(self, text: str) -> Action:
+        return parse_action(text, self.spec)
+
+    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = ()) -> list[str | None]:
+        """Information text (without the <information> tags) per action; None for answers.
+
+        Invalid actions get an explanation; searches get their documents. All queries of all
+        actions go out in one retriever call.
+        """
+        reserved = tuple(reserved)
+        queries = [q for a in actions if a.kind == "search" for q in a.queries]
+        results = self._search(queries) if queries else []
+        out: list[str | None] = []
+        cursor = 0
+        for action in actions:
+            if action.kind == "answer":
+                out.append(None)
+            elif action.kind == "search":
+                hits = results[cursor : cursor + len(action.queries)]
+                cursor += len(action.queries)
+                out.append(self._render(action, hits, reserved))
+            else:
+                out.append(invalid_message(action.error if action.kind == "invalid" else
+                                           f"<{action.kind}> is not available here.", self.spec))
+        return out
+
+    def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
+        return format_docs(hits[0], reserved)
+
+    def _search(self, queries: list[str]) -> list[list[dict]]:
+        start = time.monotonic()
+        try:
+            results = self.retriever.search(list(queries), self.topk)
+        except Exception as exc:
+            exc.add_note(
+                f"while the {self.name} environment searched {len(queries)} queries (first: {queries[0]!r}); "
+                "the rollout stops here instead of feeding the policy empty observations"
+            )
+            raise
+        finally:
+            self.last_search_s = time.monotonic() - start
+        return _checked(results, queries, self.topk)
+
+
+class MultiQuerySearchEnvironment(SearchEnvironment):
+    """RAG-R1: up to `max_queries` queries per turn, `<search>q1 | q2</search>` (or one per line, or
+    adjacent `<search>` blocks); extra queries are dropped and the observation says which."""
+
+    name = "multi_query_search"
+
+    def __init__(self, retriever: Retriever, topk: int = 3, max_queries: int = 3,
+                 separators: Sequence[str] = DEFAULT_QUERY_SEPARATORS) -> None:
+        self.max_queries = max_queries
+        self.separators = tuple(separators)
+        super().__init__(retriever, topk)
+
+    def _make_spec(self) -> ActionSpec:
+        return ActionSpec(actions=("search", "answer"), multi_query=True, max_queries=self.max_queries,
+                          separators=self.separators)
+
+    def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
+        # The note goes first: a long observation is truncated from the end.
+        return dropped_note(action.dropped, self.max_queries) + format_multi_docs(action.queries, hits, reserved)
+
+
+ENVIRONMENTS = {"search": SearchEnvironment, "multi_query_search": MultiQuerySearchEnvironment}
+
+
+def make_environment(name: str, retriever: Retriever, *, topk: int = 3, max_queries: int = 3,
+                     separators: Sequence[str] = DEFAULT_QUERY_SEPARATORS) -> SearchEnvironment:
+    """The environment named in config (`search` or `multi_query_search`)."""
+    if name == "search":
+        return SearchEnvironment(retriever, topk)
+    if name == "multi_query_search":
+        return MultiQuerySearchEnvironment(retriever, topk, max_queries, separators)
+    raise ValueError(f"unknown environment '{name}'; expected one of {sorted(ENVIRONMENTS)}")
+
+
+def _checked(results, queries: list[str], topk: int) -> list[list[dict]]:
+    if not isinstance(results, Sequence) or isinstance(results, (str, bytes)) or len(results) != len(queries):
+        got = len(results) if isinstance(results, Sequence) else type(results).__name__
+        raise RetrievalResultError(f"retriever returned {got} result lists for {len(queries)} queries")
+    checked = []
+    for qi, hits in enumerate(results):
+        if not isinstance(hits, Sequence) or isinstance(hits, (str, bytes)):
+            raise RetrievalResultError(
+                f"result {qi} for query {queries[qi]!r} is a {type(hits).__name__}, not a list of documents"
+            )
+        for hi, hit in enumerate(hits):
+            if not isinstance(hit, Mapping) or not isinstance(hit.get("text"), str):
+                raise RetrievalResultError(
+                    f"hit {hi} for query {queries[qi]!r} has no 'text' string (got {type(hit).__name__}: {str(hit)[:120]})"
+                )
+        checked.append(list(hits)[:topk])
+    return checked

@@ -1,0 +1,342 @@
+"""Generation backends for the rollout engine: Hugging Face transformers, and an OpenAI-compatible
+completions server (vLLM).
+
+The interface is token ids in, token ids out:
+
+    generate(batch_token_ids, max_new_tokens, temperature, top_p, seed,
+             stop_token_ids=(), stop_strings=()) -> list[list[int]]
+
+It returns only the new tokens of each row, cut right after the first stop token (inclusive, so
+the closing action tag or eos stays in the response and the policy learns to emit it), never
+longer than that row's budget, and without padding. `max_new_tokens` is one int or one per row.
+Token ids rather than text keep the training tokens exactly the sampled tokens: re-encoding
+decoded text can merge differently and then the log-probabilities a trainer computes are for a
+sequence the policy never produced.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import httpx
+import torch
+import transformers
+
+
+class Generator(Protocol):
+    def generate(
+        self,
+        batch_token_ids: list[list[int]],
+        max_new_tokens: int | Sequence[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        *,
+        stop_token_ids: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+    ) -> list[list[int]]: ...
+
+
+class GenerationBackendError(RuntimeError):
+    """The generation server failed or answered something unusable."""
+
+
+def row_limits(max_new_tokens: int | Sequence[int], n: int) -> list[int]:
+    limits = [int(max_new_tokens)] * n if isinstance(max_new_tokens, int) else [int(x) for x in max_new_tokens]
+    if len(limits) != n:
+        raise ValueError(f"{len(limits)} max_new_tokens for {n} rows")
+    if any(x < 0 for x in limits):
+        raise ValueError(f"negative max_new_tokens in {limits}")
+    return limits
+
+
+def cut_at_stop(ids: Sequence[int], stop_ids: Sequence[int] | set[int], limit: int | None = None) -> list[int]:
+    """`ids` up to and including the first stop id, and at most `limit` tokens."""
+    out = list(ids if limit is None else ids[:limit])
+    stops = set(stop_ids)
+    for i, token in enumerate(out):
+        if token in stops:
+            return out[: i + 1]
+    return out
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+class _RowBudget(transformers.StoppingCriteria):
+    """Per-row max_new_tokens: a finished row is padded by `generate` and its pads are cut later."""
+
+    def __init__(self, start: int, limits: list[int]) -> None:
+        self.start = start
+        self.limits = torch.tensor(limits)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        return (input_ids.shape[1] - self.start) >= self.limits.to(input_ids.device)
+
+
+class HFGenerator:
+    """Batched `model.generate` with left padding; sampling when temperature > 0, greedy otherwise.
+
+    Stops are passed as `eos_token_id` (a list of ids, honoured per row in a batch), which is
+    exact and cheap for single-token tags; `stop_strings` (multi-token tags of a real tokenizer)
+    go through transformers' string matcher and need `tokenizer`. The model's own eos ids
+    (generation_config) always stop too. Seeded runs are reproducible: the RNG is seeded inside a
+    forked RNG state, so callers' random streams are untouched.
+    """
+
+    def __init__(self, model, pad_token_id: int, tokenizer=None, max_batch_size: int | None = None) -> None:
+        self.model = model.eval()
+        self.pad_token_id = int(pad_token_id)
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        self.eos_ids: tuple[int, ...] = tuple(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
+
+    @classmethod
+    def from_pretrained(cls, path, device: str | torch.device = "cpu", dtype: torch.dtype | str = "auto",
+                        max_batch_size: int | None = None) -> HFGenerator:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return cls(model, pad, tokenizer=tokenizer, max_batch_size=max_batch_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, batch_token_ids, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *,
+                 stop_token_ids=(), stop_strings=()) -> list[list[int]]:
+        limits = row_limits(max_new_tokens, len(batch_token_ids))
+        stops = tuple(dict.fromkeys([*stop_token_ids, *self.eos_ids]))
+        out: list[list[int]] = [[] for _ in batch_token_ids]
+        rows = [i for i, lim in enumerate(limits) if lim > 0]
+        size = self.max_batch_size or max(len(rows), 1)
+        with torch.random.fork_rng(devices=self._rng_devices()), torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            for at in range(0, len(rows), size):
+                chunk = rows[at : at + size]
+                new = self._generate_chunk([batch_token_ids[i] for i in chunk], [limits[i] for i in chunk],
+                                           temperature, top_p, stops, tuple(stop_strings))
+                for i, ids in zip(chunk, new):
+                    out[i] = cut_at_stop(ids, stops, limits[i])
+        return out
+
+    def _generate_chunk(self, prompts, limits, temperature, top_p, stops, stop_strings) -> list[list[int]]:
+        if any(not p for p in prompts):
+            raise ValueError("empty prompt: generation needs at least one context token")
+        width = max(map(len, prompts))
+        input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        config = transformers.GenerationConfig(
+            max_new_tokens=max(limits),
+            eos_token_id=list(stops) or None,
+            pad_token_id=self.pad_token_id,
+            **_sampling_params(temperature, top_p),
+        )
+        extra: dict[str, Any] = {}
+        if stop_strings:
+            if self.tokenizer is None:
+                raise ValueError("stop_strings need HFGenerator(tokenizer=...)")
+            config.stop_strings = list(stop_strings)
+            extra["tokenizer"] = self.tokenizer
+        output = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            generation_config=config,
+            stopping_criteria=transformers.StoppingCriteriaList([_RowBudget(width, limits)]),
+            **extra,
+        )
+        new = output[:, width:].tolist()
+        if stop_strings:
+            new = [cut_at_strings(ids, self.tokenizer, stop_strings) for ids in new]
+        return new
+
+    def _rng_devices(self) -> list[int]:
+        device = self.device
+        return [device.index or 0] if device.type == "cuda" else []
+
+
+def _sampling_params(temperature: float, top_p: float) -> dict[str, Any]:
+    """Plain temperature / top-p sampling, every other logits processor explicitly off.
+
+    `generate` fills each setting left unset (None) from the checkpoint's generation_config, and
+    instruct checkpoints ship top_k, repetition_penalty and the like. An RL trainer scores the
+    sampled tokens under the plain softmax policy, so the sampler must be exactly that policy.
+    """
+    neutral = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
+    if temperature <= 0:
+        return {"do_sample": False, **neutral}
+    return {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": 0,
+            "min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, **neutral}
+
+
+def cut_at_strings(ids: list[int], tokenizer, stop_strings: Sequence[str]) -> list[int]:
+    """Shortest prefix of `ids` whose text contains a stop string (all of `ids` if none does)."""
+    def hit(k: int) -> bool:
+        text = tokenizer.decode(ids[:k])
+        return any(s in text for s in stop_strings)
+
+    if not ids or not hit(len(ids)):
+        return ids
+    lo, hi = 1, len(ids)
+    while lo < hi:  # containment grows with the prefix, so bisect for the first k that contains a stop
+        mid = (lo + hi) // 2
+        if hit(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return ids[:lo]
+
+
+# --------------------------------------------------------------------------- OpenAI-compatible (vLLM)
+
+
+class OpenAICompletionsGenerator:
+    """POST {base_url}/v1/completions with token-id prompts (vLLM's OpenAI server).
+
+    Sampled token ids come back exactly: the request sets vLLM's `return_token_ids` (each choice
+    then has `token_ids`) and, for older servers, `return_tokens_as_token_ids` with `logprobs`
+    (each `logprobs.tokens` entry is "token_id:<id>"). Re-encoding the returned text is possible
+    (`retokenize_with=tokenizer`) but off by default: byte-level BPE does not always re-encode a
+    decoded sequence to the same ids (merges across the turn boundary, partial UTF-8 at the end),
+    which silently misaligns rewards, masks and log-probabilities with what was sampled.
+
+    Batching: one request per distinct max_tokens with all those prompts, when unseeded. A seeded
+    call sends one request per row (seed + row index, concurrently): vLLM applies a request's seed
+    to every prompt in it, so the n identical prompts of a GRPO group would all get the same
+    sample.
+
+    Transport errors, 429 and 5xx are retried with exponential backoff; anything else, or
+    exhausted retries, raises `GenerationBackendError` naming the URL, status and response body.
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 600.0,
+                 max_retries: int = 3, backoff_s: float = 1.0, logprobs: bool = True,
+                 retokenize_with=None, max_workers: int = 32, transport: httpx.BaseTransport | None = None) -> None:
+        self.url = base_url.rstrip("/") + ("/completions" if base_url.rstrip("/").endswith("/v1") else "/v1/completions")
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.logprobs = logprobs
+        self.retokenize_with = retokenize_with
+        self.max_workers = max_workers
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def generate(self, batch_token_ids, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *,
+                 stop_token_ids=(), stop_strings=()) -> list[list[int]]:
+        limits = row_limits(max_new_tokens, len(batch_token_ids))
+        out: list[list[int]] = [[] for _ in batch_token_ids]
+        if seed is None:
+            groups: dict[int, list[int]] = {}
+            for i, lim in enumerate(limits):
+                if lim > 0:
+                    groups.setdefault(lim, []).append(i)
+            jobs = [(rows, lim, None) for lim, rows in groups.items()]
+        else:
+            jobs = [([i], lim, seed + i) for i, lim in enumerate(limits) if lim > 0]
+        stops = list(dict.fromkeys(int(t) for t in stop_token_ids))
+
+        def run(job):
+            rows, lim, row_seed = job
+            body = self.request_body([batch_token_ids[i] for i in rows], lim, temperature, top_p, row_seed,
+                                     stops, list(stop_strings))
+            return rows, lim, self.parse_response(self._post(body), len(rows))
+
+        if len(jobs) == 1:
+            results = [run(jobs[0])]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(min(self.max_workers, len(jobs))) as pool:
+                results = list(pool.map(run, jobs))
+        for rows, lim, new in results:
+            for i, ids in zip(rows, new):
+                out[i] = cut_at_stop(ids, stops, lim)
+        return out
+
+    def request_body(self, prompts: list[list[int]], max_tokens: int, temperature: float, top_p: float,
+                     seed: int | None, stop_token_ids: list[int], stop_strings: list[str]) -> dict:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": [list(map(int, p)) for p in prompts],
+            "max_tokens": int(max_tokens),
+            "temperature": float(temperature),
+            "top_p": float(top_p),
+            "n": 1,
+            "stream": False,
+            # vLLM extensions; the closing tag must stay in the output so the turn can be parsed.
+            "stop_token_ids": stop_token_ids,
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+            "return_token_ids": True,
+        }
+        if stop_strings:
+            body["stop"] = stop_strings
+        if self.logprobs:
+            body["logprobs"] = 0
+            body["return_tokens_as_token_ids"] = True
+        if seed is not None:
+            body["seed"] = int(seed)
+        return body
+
+    def parse_response(self, payload: Any, n_prompts: int) -> list[list[int]]:
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        if not isinstance(choices, list) or len(choices) != n_prompts:
+            got = len(choices) if isinstance(choices, list) else "no"
+            raise GenerationBackendError(f"{self.url}: {got} choices for {n_prompts} prompts: {str(payload)[:300]}")
+        out: list[list[int] | None] = [None] * n_prompts
+        for pos, choice in enumerate(choices):
+            index = choice.get("index", pos) if isinstance(choice, dict) else pos
+            if not isinstance(index, int) or not 0 <= index < n_prompts or out[index] is not None:
+                raise GenerationBackendError(f"{self.url}: bad or repeated choice index {index!r}")
+            out[index] = self._choice_ids(choice)
+        return out  # type: ignore[return-value]
+
+    def _choice_ids(self, choice: Any) -> list[int]:
+        if not isinstance(choice, dict):
+            raise GenerationBackendError(f"{self.url}: choice is not an object: {str(choice)[:200]}")
+        ids = choice.get("token_ids")
+        if isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+            return ids
+        tokens = (choice.get("logprobs") or {}).get("tokens")
+        if isinstance(tokens, list) and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            try:
+                return [int(t[len("token_id:"):]) for t in tokens]
+            except ValueError as exc:
+                raise GenerationBackendError(f"{self.url}: unreadable token id in {tokens[:5]}") from exc
+        if self.retokenize_with is not None and isinstance(choice.get("text"), str):
+            return self.retokenize_with.encode(choice["text"], add_special_tokens=False)
+        raise GenerationBackendError(
+            f"{self.url}: the response has no token ids (neither choices[].token_ids nor "
+            "logprobs.tokens as 'token_id:N'); use a vLLM server that supports return_token_ids or "
+            "return_tokens_as_token_ids, or pass retokenize_with=tokenizer to accept inexact re-encoding"
+        )
+
+    def _post(self, body: dict) -> Any:
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                response = self.client.post(self.url, json=body)
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code == 429 or response.status_code >= 500:
+                last = f"HTTP {response.status_code}: {response.text[:300]}"
+                continue
+            if response.status_code != 200:
+                raise GenerationBackendError(
+                    f"POST {self.url} failed with HTTP {response.status_code}: {response.text[:500]}"
+                )
+            try:
+                return response.json()
+            except ValueError as exc:
+                raise GenerationBackendError(f"POST {self.url}: response is not JSON: {response.text[:300]}") from exc
+        raise GenerationBackendError(f"POST {self.url} failed after {self.max_retries + 1} attempts; last error: {last}")

@@ -1,0 +1,277 @@
+"""The multi-turn rollout engine: generate, parse, search, append, repeat, batched over trajectories.
+
+Each turn makes ONE batched generate call for every active trajectory and ONE retriever call for
+every query of that turn (through the environment). Tokens are appended by id, never by
+re-encoding text: generated tokens as sampled (loss mask 1), observations encoded on their own
+and concatenated (loss mask 0). That keeps the response ids exactly the sequence the policy was
+conditioned on, which is what the trainer must score.
+
+Turn indices: turn t's generated tokens AND the environment's reply to that turn (its
+observation, plus the turn-limit prompt after the last tool turn) carry index t. So every turn
+is "what the model wrote, then what it got back"; a turn-level advantage (KG-R1) is written onto
+the mask-1 tokens of a turn, and the mask-0 tokens in between belong to the action that caused
+them.
+
+Turn budget: turns 0..max_turns-1 are tool turns (a search or an invalid action each uses one,
+so a model that only writes junk cannot loop). After the last tool turn the engine appends
+`<information>Turn limit reached…</information>\\n\\n<answer>` (see `forced_answer_prompt`): the
+prefilled <answer> (config `forced_answer_prefill`, default on) makes the forced turn an answer
+attempt by construction, so trajectories that hit the limit still get a scorable answer, and
+the final turn costs a few tokens instead of another round of reasoning. The price: that turn has
+no <think> (the format reward exempts the turn after the notice) and the <answer> tag itself is
+never trained there (mask 0). Without prefill the model must write `<think>…</think><answer>…`
+itself; a search in the forced turn is then not executed and the trajectory ends unanswered.
+
+Stops: each closing action tag that is one token (the tiny model) is a stop id, together with
+eos; tags a tokenizer splits into pieces (Qwen2.5) become stop strings. A turn that ends at eos
+without an action is an invalid action like any other: it gets an explanatory observation.
+
+Bounds: per turn `max_turn_tokens`; per response `max_response_tokens` (generated + observation
+tokens); per sequence `max_context_tokens` (prompt + response). A trajectory that cannot fit its
+next generation or observation ends there, with the answer it has (None unless it answered).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from ragrl.agent.environments import Environment
+from ragrl.agent.generation import Generator, cut_at_stop, cut_at_strings
+from ragrl.agent.protocol import (
+    ANSWER_OPEN,
+    CLOSING_ACTION_TAGS,
+    DEFAULT_INSTRUCTION,
+    DEFAULT_MULTI_QUERY_INSTRUCTION,
+    OBS_PREFIX,
+    OBS_SUFFIX,
+    Action,
+    build_instruction,
+    forced_answer_prompt,
+    observation,
+)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    max_turns: int = 4  # tool turns; one forced answer turn may follow
+    max_turn_tokens: int = 512
+    max_response_tokens: int = 2048
+    max_context_tokens: int = 8192
+    max_obs_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1  # samples per prompt (a GRPO group)
+    seed: int | None = 0
+    forced_answer_prefill: bool = True
+    # Prompt text with {question} (and {max_queries}) placeholders; None: the Search-R1 style
+    # default of the environment (protocol.DEFAULT_INSTRUCTION / DEFAULT_MULTI_QUERY_INSTRUCTION).
+    instruction: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_turn_tokens", "max_response_tokens", "max_context_tokens", "max_obs_tokens", "n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
+        if self.max_turns < 0:
+            raise ValueError(f"rollout.max_turns={self.max_turns} must be >= 0")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout temperature={self.temperature} must be >= 0 and top_p={self.top_p} in (0, 1]")
+
+
+@dataclass
+class Trajectory:
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 1 generated, 0 observation, per response token
+    turn_index: list[int] = field(default_factory=list)  # per response token
+    actions: list[dict] = field(default_factory=list)
+    answer: str | None = None  # content of the final (valid) <answer>
+    num_searches: int = 0  # executed search actions
+    num_queries: int = 0  # executed queries (> num_searches with multi-query search)
+    generated_tokens: int = 0
+    observation_tokens: int = 0
+    finished: bool = False  # ended with a valid answer
+    stop_reason: str = ""  # answer | no_answer | response_limit | context_limit
+    latency_s: float = 0.0  # from the start of the batch to this trajectory's end
+    env_time_s: float = 0.0  # time spent waiting for the retriever (a shared call counts in full for each)
+    response_text: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RolloutEngine:
+    def __init__(self, generator: Generator, tokenizer, env: Environment,
+                 config: RolloutConfig = RolloutConfig()) -> None:
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.env = env
+        self.config = config
+        self.stop_token_ids, self.stop_strings = _stops(tokenizer)
+        # Chat tokens and the like must not appear verbatim in observations (see protocol.sanitize).
+        self.reserved = tuple(getattr(tokenizer, "all_special_tokens", ()) or ())
+        self._head = self._encode(OBS_PREFIX)
+        self._tail = self._encode(OBS_SUFFIX)
+        self._forced = self._encode(forced_answer_prompt(config.forced_answer_prefill))
+        if config.max_obs_tokens < len(self._head) + len(self._tail):
+            raise ValueError(f"rollout.max_obs_tokens={config.max_obs_tokens} cannot even hold the "
+                             f"<information> tags ({len(self._head) + len(self._tail)} tokens)")
+
+    # ----------------------------------------------------------------------- prompts
+
+    def prompt_ids(self, question: str, instruction: str | None = None) -> list[int]:
+        """The chat-templated prompt (user turn + assistant header) for one question."""
+        instruction = instruction or self.config.instruction
+        if instruction is None:
+            instruction = DEFAULT_MULTI_QUERY_INSTRUCTION if self.env.spec.multi_query else DEFAULT_INSTRUCTION
+        content = build_instruction(question, instruction, self.env.spec.max_queries, self.reserved)
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                  add_generation_prompt=True)
+        # The template already wrote any BOS; adding special tokens again would double it.
+        return self._encode(text)
+
+    def run_questions(self, questions: Sequence[str], instruction: str | None = None, **kwargs) -> list[Trajectory]:
+        return self.run([self.prompt_ids(q, instruction) for q in questions], **kwargs)
+
+    # ----------------------------------------------------------------------- the loop
+
+    def run(self, prompts: Sequence[Sequence[int]], n: int | None = None, seed: int | None = None) -> list[Trajectory]:
+        """Roll out `n` samples per prompt (prompt-major order). Retrieval errors propagate."""
+        cfg = self.config
+        n = cfg.n if n is None else n
+        seed = cfg.seed if seed is None else seed
+        start = time.monotonic()
+        trajs = [Trajectory(p, s, list(ids)) for p, ids in enumerate(prompts) for s in range(n)]
+        active = list(trajs)
+        turn = 0
+        while active:
+            active = self._step(active, turn, None if seed is None else seed * 1_000_003 + turn, start)
+            turn += 1
+        for t in trajs:
+            t.response_text = self.tokenizer.decode(t.response_ids, skip_special_tokens=True)
+        return trajs
+
+    def _step(self, active: list[Trajectory], turn: int, seed: int | None, start: float) -> list[Trajectory]:
+        cfg = self.config
+        forced = turn >= cfg.max_turns
+        budgets = {id(t): self._room(t) for t in active}
+        for t in active:
+            if budgets[id(t)][0] <= 0:
+                self._end(t, budgets[id(t)][1], start)
+        gen = [t for t in active if budgets[id(t)][0] > 0]
+        if not gen:
+            return []
+        limits = [min(cfg.max_turn_tokens, budgets[id(t)][0]) for t in gen]
+        outputs = self.generator.generate(
+            [t.prompt_ids + t.response_ids for t in gen], limits, cfg.temperature, cfg.top_p, seed,
+            stop_token_ids=self.stop_token_ids, stop_strings=self.stop_strings,
+        )
+        if len(outputs) != len(gen):
+            raise RuntimeError(f"generator returned {len(outputs)} sequences for {len(gen)} prompts")
+
+        pending: list[tuple[Trajectory, Action]] = []
+        for t, out, limit in zip(gen, outputs, limits):
+            ids = self._cut(out, limit)
+            self._append(t, ids, 1, turn)
+            t.generated_tokens += len(ids)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            prefilled = forced and cfg.max_turns > 0 and cfg.forced_answer_prefill
+            action = self.env.parse(ANSWER_OPEN + text if prefilled else text)
+            record = {"turn": turn, "type": action.kind, "queries": list(action.queries), "valid": action.valid,
+                      "error": action.error, "dropped": list(action.dropped), "observation_tokens": 0, "forced": forced}
+            t.actions.append(record)
+            if action.kind == "answer":
+                t.answer = action.answer
+                t.finished = True
+                self._end(t, "answer", start)
+            elif forced:
+                if action.valid:  # a search after the turn limit is not executed
+                    record.update(valid=False, error="turn limit reached; action not executed")
+                self._end(t, "no_answer", start)
+            elif self._room(t)[0] < len(self._head) + len(self._tail):  # not even an empty observation fits
+                if action.valid:
+                    record.update(valid=False, error="length limit reached; action not executed")
+                self._end(t, self._room(t)[1], start)
+            else:
+                pending.append((t, action))
+        if not pending:
+            return []
+
+        infos = self.env.respond([a for _, a in pending], self.reserved)
+        searched = getattr(self.env, "last_search_s", 0.0) if any(a.kind == "search" for _, a in pending) else 0.0
+        still: list[Trajectory] = []
+        for (t, action), info in zip(pending, infos):
+            if action.kind == "search":
+                t.env_time_s += searched
+                t.num_searches += 1
+                t.num_queries += len(action.queries)
+            obs = self._encode_observation(info or "", min(cfg.max_obs_tokens, self._room(t)[0]))
+            self._append(t, obs, 0, turn)
+            t.actions[-1]["observation_tokens"] = len(obs)
+            if turn + 1 == cfg.max_turns:
+                room, reason = self._room(t)
+                if len(self._forced) + 1 > room:  # the prompt plus at least one answer token
+                    self._end(t, reason, start)
+                    continue
+                self._append(t, self._forced, 0, turn)
+                t.actions[-1]["observation_tokens"] += len(self._forced)
+            still.append(t)
+        return still
+
+    # ----------------------------------------------------------------------- helpers
+
+    def _room(self, t: Trajectory) -> tuple[int, str]:
+        """Tokens the response may still grow by, and which bound is the tighter one."""
+        by_response = self.config.max_response_tokens - len(t.response_ids)
+        by_context = self.config.max_context_tokens - len(t.prompt_ids) - len(t.response_ids)
+        return (by_response, "response_limit") if by_response <= by_context else (by_context, "context_limit")
+
+    def _cut(self, ids: Sequence[int], limit: int) -> list[int]:
+        """Backends may overshoot: cut at the first stop token / closing tag, and at the budget."""
+        ids = cut_at_stop(list(ids), self.stop_token_ids, limit)
+        if self.stop_strings:
+            ids = cut_at_strings(ids, self.tokenizer, self.stop_strings)
+        return ids
+
+    def _append(self, t: Trajectory, ids: list[int], mask: int, turn: int) -> None:
+        t.response_ids.extend(ids)
+        t.loss_mask.extend([mask] * len(ids))
+        t.turn_index.extend([turn] * len(ids))
+        if not mask:
+            t.observation_tokens += len(ids)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _encode_observation(self, info: str, budget: int) -> list[int]:
+        """`observation(info)` as ids, its inner text cut so that the whole fits `budget`.
+
+        The closing </information> is always kept, so the model never sees an observation that
+        appears to run on into its own next turn. The caller guarantees room for head + tail.
+        """
+        full = self._encode(observation(info))
+        if len(full) <= budget:
+            return full
+        room = max(budget - len(self._head) - len(self._tail), 0)
+        return self._head + self._encode(info.strip())[:room] + self._tail
+
+    def _end(self, t: Trajectory, reason: str, start: float) -> None:
+        t.stop_reason = reason
+        t.latency_s = time.monotonic() - start
+
+
+def _stops(tokenizer) -> tuple[list[int], list[str]]:
+    """Closing action tags as stop ids where each is one token, else as stop strings; plus eos."""
+    ids, strings = [], []
+    for tag in CLOSING_ACTION_TAGS:
+        encoded = tokenizer.encode(tag, add_special_tokens=False)
+        if len(encoded) == 1:
+            ids.append(int(encoded[0]))
+        else:
+            strings.append(tag)
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return ids, strings

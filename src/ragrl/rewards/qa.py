@@ -1,0 +1,195 @@
+"""QA metrics and rule-based rewards for search agents. Small pure functions of strings.
+
+Metrics follow the SQuAD evaluation script (normalisation, exact match, token F1) and the "cover"
+exact match of Search-R1 / FlashRAG (a normalised gold answer occurs in the normalised
+prediction). A missing prediction (None) scores 0 everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from ragrl.agent.protocol import (
+    ACTION_NAMES,
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    INFO_CLOSE,
+    INFO_OPEN,
+    PROTOCOL_TAGS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    TURN_LIMIT_NOTICE,
+)
+
+_PUNCT = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_INFO_BLOCK = re.compile(re.escape(INFO_OPEN) + r"(.*?)" + re.escape(INFO_CLOSE), re.S)
+_ANY_TAG = re.compile("|".join(re.escape(t) for t in PROTOCOL_TAGS))
+
+# Which actions an environment's assistant turns may end with (the last one must be an answer).
+ENV_ACTIONS: dict[str, tuple[str, ...]] = {
+    "search": ("search", "answer"),
+    "multi_query_search": ("search", "answer"),
+    "kg": ("kg-query", "answer"),
+}
+
+
+def _golds(golds: str | Iterable[str]) -> list[str]:
+    return [golds] if isinstance(golds, str) else [g for g in golds if isinstance(g, str)]
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD: lowercase, drop ASCII punctuation, drop articles a/an/the, collapse whitespace."""
+    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(pred: str | None, golds: str | Iterable[str]) -> float:
+    if pred is None:
+        return 0.0
+    p = normalize_answer(pred)
+    return float(any(p == normalize_answer(g) for g in _golds(golds)))
+
+
+def f1(pred: str | None, golds: str | Iterable[str]) -> float:
+    """Token-level F1 against each gold, the best one counts."""
+    if pred is None:
+        return 0.0
+    return max((_f1_one(pred, g) for g in _golds(golds)), default=0.0)
+
+
+def _f1_one(pred: str, gold: str) -> float:
+    p, g = normalize_answer(pred).split(), normalize_answer(gold).split()
+    if not p or not g:
+        return float(p == g)  # SQuAD: both empty is a match, one empty is not
+    common = sum((Counter(p) & Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def cover_exact_match(pred: str | None, golds: str | Iterable[str]) -> float:
+    """1.0 if some normalised gold is a substring of the normalised prediction.
+
+    Character-level, as in Search-R1's `subem`: gold "1974" covers "in 1974" and also "19745";
+    golds that normalise to "" are skipped (they would cover everything).
+    """
+    if pred is None:
+        return 0.0
+    p = normalize_answer(pred)
+    return float(any((g := normalize_answer(x)) and g in p for x in _golds(golds)))
+
+
+def strip_observations(text: str) -> str:
+    """Remove <information>…</information> blocks: they are the environment's text, not the model's."""
+    return _INFO_BLOCK.sub("", text)
+
+
+def extract_answer(text: str) -> str | None:
+    """Content (stripped) of the LAST <answer>…</answer> outside observations, None if there is none.
+
+    The last closing tag is paired with the nearest opening tag before it, the same pairing the
+    rollout parser uses, so `<answer>a<answer>b</answer>` gives "b".
+    """
+    text = strip_observations(text)
+    close = text.rfind(ANSWER_CLOSE)
+    if close < 0:
+        return None
+    open_ = text.rfind(ANSWER_OPEN, 0, close)
+    if open_ < 0:
+        return None
+    return text[open_ + len(ANSWER_OPEN) : close].strip()
+
+
+def format_reward(response_text: str, env: str = "search") -> float:
+    """1.0 if the whole response is well formed, else 0.0.
+
+    Well formed: the response splits at its <information> blocks into assistant turns; each turn
+    is `<think>…</think>` followed by exactly one action with plain-text content (optional
+    whitespace around; a tool action's content must not be blank), every turn but the last is a
+    tool action of `env`, and the last is an <answer> (possibly empty: that is for the answer
+    metrics to punish). The turn after the turn-limit notice is exempt from the <think>
+    requirement, because the environment prefilled its <answer> tag.
+
+    Binary on purpose: a graded score (fraction of good turns) pays for padding the response with
+    extra well-formed searches.
+    """
+    if env not in ENV_ACTIONS:
+        raise ValueError(f"unknown environment '{env}'; expected one of {sorted(ENV_ACTIONS)}")
+    tools = tuple(a for a in ENV_ACTIONS[env] if a != "answer")
+    pieces = _INFO_BLOCK.split(response_text)  # [turn, info, turn, info, ..., turn]
+    turns, infos = pieces[0::2], pieces[1::2]
+    if len(turns) < 1:
+        return 0.0
+    for i, turn in enumerate(turns):
+        last = i == len(turns) - 1
+        forced = i > 0 and infos[i - 1].strip() == TURN_LIMIT_NOTICE
+        if i > 0 and not last and not turn.strip() and infos[i].strip() == TURN_LIMIT_NOTICE:
+            continue  # the gap between the last observation and the turn-limit notice
+        kind = _turn_kind(turn, require_think=not forced)
+        if kind is None:
+            return 0.0
+        if last and kind != "answer":
+            return 0.0
+        if not last and kind not in tools:
+            return 0.0
+    return 1.0
+
+
+def _turn_kind(turn: str, require_think: bool) -> str | None:
+    """The action of a well-formed turn, or None."""
+    rest = turn.strip()
+    if rest.startswith(THINK_OPEN):
+        end = rest.find(THINK_CLOSE)
+        if end < 0 or _ANY_TAG.search(rest[len(THINK_OPEN) : end]):
+            return None
+        rest = rest[end + len(THINK_CLOSE) :].strip()
+    elif require_think:
+        return None
+    for name in ACTION_NAMES:
+        open_, close = f"<{name}>", f"</{name}>"
+        if rest.startswith(open_) and rest.endswith(close) and len(rest) >= len(open_) + len(close):
+            content = rest[len(open_) : len(rest) - len(close)]
+            if _ANY_TAG.search(content):
+                return None
+            if name != "answer" and not content.strip():
+                return None  # an empty query is an invalid action
+            return name
+    return None
+
+
+def composite_reward(trajectory_or_text, golds: str | Iterable[str], weights: Mapping[str, float],
+                     env: str = "search") -> float:
+    """Weighted sum of metrics, e.g. weights={"em": 1.0, "format": 0.1}.
+
+    Keys: em, f1, cover_em (of the answer) and format (of the response). The input is a response
+    text (the answer is then extracted from it) or a trajectory (a `Trajectory` or its dict) with
+    `answer` and `response_text`; then the engine's answer is used, which is the same string.
+    """
+    text, answer = _text_and_answer(trajectory_or_text)
+    unknown = set(weights) - set(METRICS) - {"format"}
+    if unknown:
+        raise ValueError(f"unknown reward weight(s) {sorted(unknown)}; expected {sorted([*METRICS, 'format'])}")
+    total = 0.0
+    for key, w in weights.items():
+        if not w:
+            continue
+        score = format_reward(text, env) if key == "format" else METRICS[key](answer, golds)
+        total += float(w) * score
+    return total
+
+
+METRICS = {"em": exact_match, "f1": f1, "cover_em": cover_exact_match}
+
+
+def _text_and_answer(obj) -> tuple[str, str | None]:
+    if isinstance(obj, str):
+        return obj, extract_answer(obj)
+    if isinstance(obj, Mapping):
+        return obj["response_text"], obj["answer"]
+    return obj.response_text, obj.answer

@@ -1,0 +1,179 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from ragrl.agent.protocol import TURN_LIMIT_NOTICE, forced_answer_prompt, observation
+from ragrl.rewards import (
+    composite_reward,
+    cover_exact_match,
+    exact_match,
+    extract_answer,
+    f1,
+    format_reward,
+    normalize_answer,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "norm"),
+    [
+        ("The Cat", "cat"),
+        ("  A   quick, brown fox!  ", "quick brown fox"),
+        ("an apple; the END.", "apple end"),
+        ("theatre", "theatre"),  # articles only as whole words
+        ("1,234,000", "1234000"),
+        ("", ""),
+    ],
+)
+def test_normalize_answer(raw, norm):
+    assert normalize_answer(raw) == norm
+
+
+def test_exact_match():
+    assert exact_match("The Eiffel Tower!", ["eiffel tower"]) == 1.0
+    assert exact_match("Eiffel", ["Eiffel Tower"]) == 0.0
+    assert exact_match("1974", ["1,974", "1974"]) == 1.0
+    assert exact_match("x", "x") == 1.0  # a single gold string
+    assert exact_match(None, ["x"]) == 0.0
+    assert exact_match("x", []) == 0.0
+
+
+def test_f1_hand_computed():
+    # "the cat sat" -> [cat, sat]; "a cat sat down" -> [cat, sat, down]; 2 common tokens.
+    # precision 2/2, recall 2/3, F1 = 2 * 1 * (2/3) / (1 + 2/3) = 0.8
+    assert f1("the cat sat", ["a cat sat down"]) == pytest.approx(0.8)
+    # [cat, cat] vs [cat]: common 1 (multiset), p = 1/2, r = 1 -> 2/3
+    assert f1("cat cat", "cat") == pytest.approx(2 / 3)
+    # best gold counts: vs "dog" 0, vs "cat sat" 1
+    assert f1("cat sat", ["dog", "cat sat"]) == 1.0
+    assert f1("dog", ["cat"]) == 0.0
+    assert f1("the", ["a"]) == 1.0  # SQuAD: both normalise to nothing
+    assert f1("", ["cat"]) == 0.0
+    assert f1(None, ["cat"]) == 0.0
+
+
+def test_cover_exact_match():
+    assert cover_exact_match("It was Paris, France.", ["paris"]) == 1.0
+    assert cover_exact_match("in 1974", ["1974"]) == 1.0
+    assert cover_exact_match("19745", ["1974"]) == 1.0  # character level, as in Search-R1
+    assert cover_exact_match("Lyon", ["Paris"]) == 0.0
+    assert cover_exact_match("anything", ["the"]) == 0.0  # an empty normalised gold covers nothing
+    assert cover_exact_match(None, ["x"]) == 0.0
+
+
+def test_extract_answer():
+    assert extract_answer("<think>a</think><answer> Paris </answer>") == "Paris"
+    assert extract_answer("<answer>a</answer> later <answer>b</answer>") == "b"
+    assert extract_answer("<answer>a<answer>b</answer>") == "b"
+    assert extract_answer("no answer here") is None
+    assert extract_answer("<answer>unclosed") is None
+    assert extract_answer("</answer>") is None
+    assert extract_answer("<answer></answer>") == ""
+    # An observation quoting the syntax is not the model's answer.
+    text = "<search>q</search>" + observation("Invalid action: x. Use <answer>answer</answer>.")
+    assert extract_answer(text) is None
+
+
+GOOD = (
+    "<think>find Ada</think><search>Ada birthplace</search>"
+    + observation("Doc 1(Title: Ada) Ada was born in Velmar.\n")
+    + "<think>so Velmar</think>\n<answer>Velmar</answer>"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "score"),
+    [
+        (GOOD, "search", 1.0),
+        ("<think>easy</think><answer>x</answer>", "search", 1.0),
+        ("<answer>x</answer>", "search", 0.0),  # no think
+        ("<think>a</think><search>q</search>" + observation("docs"), "search", 0.0),  # no answer
+        ("<think>a</think><search>q</search>" + observation("docs") + "<answer>x</answer>", "search", 0.0),
+        ("<think>a</think>chatter<answer>x</answer>", "search", 0.0),  # text between think and action
+        ("<think>a</think><answer>x</answer> trailing", "search", 0.0),
+        ("<think>a</think><search> </search>" + observation("Invalid") + "<think>b</think><answer>x</answer>",
+         "search", 0.0),
+        ("<think>a <search>q</search></think><answer>x</answer>", "search", 0.0),
+        ("<think>a</think><search>q1 | q2</search>" + observation("docs") + "<think>b</think><answer>x</answer>",
+         "multi_query_search", 1.0),
+        ("<think>a</think><kg-query>q</kg-query>" + observation("triples") + "<think>b</think><answer>x</answer>",
+         "search", 0.0),
+        ("<think>a</think><kg-query>q</kg-query>" + observation("triples") + "<think>b</think><answer>x</answer>",
+         "kg", 1.0),
+        # forced final turn: the environment prefilled <answer>, so no <think> is required there
+        ("<think>a</think><search>q</search>" + observation("docs") + forced_answer_prompt() + "Velmar</answer>",
+         "search", 1.0),
+        ("", "search", 0.0),
+        # two observations in a row without the notice: an empty assistant turn
+        ("<think>a</think><search>q</search>" + observation("d") + observation("e") + "<think>b</think><answer>x</answer>",
+         "search", 0.0),
+    ],
+)
+def test_format_reward(text, env, score):
+    assert format_reward(text, env) == score
+
+
+def test_forced_exemption_needs_the_exact_notice():
+    text = "<think>a</think><search>q</search>" + observation("docs") + "<answer>x</answer>"
+    assert format_reward(text) == 0.0
+    assert TURN_LIMIT_NOTICE in forced_answer_prompt()
+
+
+def test_format_reward_unknown_env():
+    with pytest.raises(ValueError):
+        format_reward("x", "browser")
+
+
+def test_composite_reward():
+    golds = ["Velmar", "Port Velmar"]
+    assert composite_reward(GOOD, golds, {"em": 1.0, "format": 0.1}) == pytest.approx(1.1)
+    assert composite_reward(GOOD.replace(">Velmar<", ">Lyon<"), golds, {"em": 1.0, "format": 0.1}) == pytest.approx(0.1)
+    traj = {"response_text": GOOD, "answer": "Port Velmar"}
+    assert composite_reward(traj, golds, {"em": 1.0, "f1": 0.5, "cover_em": 0.25}) == pytest.approx(1.75)
+    assert composite_reward({"response_text": "junk", "answer": None}, golds, {"em": 1.0, "format": 1.0}) == 0.0
+    with pytest.raises(ValueError, match="unknown reward weight"):
+        composite_reward(GOOD, golds, {"accuracy": 1.0})
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+_answers = st.text(alphabet=st.sampled_from(list("abc the,.!A ")), max_size=20) | st.text(max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_answers, st.lists(_answers, min_size=1, max_size=3))
+def test_metric_properties(pred, golds):
+    em, f, cover = exact_match(pred, golds), f1(pred, golds), cover_exact_match(pred, golds)
+    assert em in (0.0, 1.0) and cover in (0.0, 1.0) and 0.0 <= f <= 1.0
+    assert em <= f  # an exact match has F1 1
+    if all(normalize_answer(g) for g in golds):
+        assert em <= cover  # a (non-empty) exact match is also covered
+    assert exact_match(pred, golds) == max(exact_match(pred, [g]) for g in golds)
+    assert f == max(f1(pred, [g]) for g in golds)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_answers, _answers)
+def test_single_gold_symmetry_and_self_match(a, b):
+    assert exact_match(a, [b]) == exact_match(b, [a])
+    assert f1(a, [b]) == pytest.approx(f1(b, [a]))
+    assert exact_match(a, [a]) == 1.0 and f1(a, [a]) == 1.0
+    assume(normalize_answer(a))
+    assert cover_exact_match(a, [a]) == 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="ascii")))
+def test_normalize_is_idempotent_on_ascii(s):
+    n = normalize_answer(s)
+    assert normalize_answer(n) == n
+    assert n == n.strip() and "  " not in n
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=30).filter(lambda s: "<" not in s and ">" not in s))
+def test_extract_answer_roundtrip(content):
+    text = f"<think>t</think><answer>{content}</answer>"
+    assert extract_answer(text) == content.strip()

@@ -1,0 +1,652 @@
+"""The rollout engine on real tokenizer ids: a tiny Qwen2 policy built from a tiny synthetic world.
+
+A random policy rarely writes a well-formed action, so most paths are driven by a scripted
+"generator" that returns predetermined text (encoded with the real tokenizer, overshooting the
+stop tags the way a backend may); the random model itself is run too, for the invariants that
+must hold whatever it writes.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before transformers is imported: huggingface_hub reads it once, and nothing here may touch the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import http.server
+import json
+import re
+import socket
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+
+from ragrl.agent.environments import MultiQuerySearchEnvironment, RetrievalResultError, SearchEnvironment, make_environment
+from ragrl.agent.generation import GenerationBackendError, HFGenerator, OpenAICompletionsGenerator
+from ragrl.agent.protocol import OBS_PREFIX, OBS_SUFFIX, TURN_LIMIT_NOTICE, forced_answer_prompt
+from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+from ragrl.rewards import composite_reward, exact_match, extract_answer, format_reward
+from ragrl.toy.tiny_model import CHAT_TEMPLATE, TinyModelSpec, build_tiny
+from ragrl.toy.world import generate_world, world_text, write_world
+
+SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
+
+
+# --------------------------------------------------------------------------- fixtures and fakes
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollout")
+    world = generate_world(3, 30)
+    write_world(world, root / "world")
+    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    rows = [r for r in world.qa["train"] if r["golden_answers"]]
+    # One intra-op thread: the model is tiny, and on a shared 2-core machine a second thread mostly
+    # waits for the other workers (10x slower, erratically).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield SimpleNamespace(world=world, tok=tok, model_dir=model_dir, rows=rows,
+                           by_question={r["question"]: r for r in rows},
+                           hf=HFGenerator.from_pretrained(model_dir, dtype="float32"))
+    torch.set_num_threads(threads)
+
+
+class RetrievalUnavailable(RuntimeError):
+    """What a real retriever client raises when its server is down."""
+
+
+class FakeRetriever:
+    """Word-overlap ranking over the world's passages; records every call."""
+
+    def __init__(self, passages, fail: Exception | None = None, mangle: Callable | None = None):
+        self.passages = passages
+        self.words = [set(re.findall(r"\w+", f"{p['title']} {p['text']}".lower())) for p in passages]
+        self.calls: list[list[str]] = []
+        self.fail = fail
+        self.mangle = mangle
+
+    def search(self, queries, topk):
+        self.calls.append(list(queries))
+        if self.fail is not None:
+            raise self.fail
+        out = [self._rank(q)[:topk] for q in queries]
+        return self.mangle(out) if self.mangle else out
+
+    def _rank(self, query):
+        q = set(re.findall(r"\w+", query.lower()))
+        order = sorted(range(len(self.passages)), key=lambda i: (-len(q & self.words[i]), self.passages[i]["id"]))
+        return [{"id": self.passages[i]["id"], "title": self.passages[i]["title"], "text": self.passages[i]["text"],
+                 "score": float(len(q & self.words[i]))} for i in order]
+
+
+class ScriptedGenerator:
+    """Returns `script(context_text)` encoded with the real tokenizer, honouring only the token budget
+    (not the stop tags: the engine must cut overshoot itself)."""
+
+    def __init__(self, tok, script: Callable[[str], str]):
+        self.tok = tok
+        self.script = script
+        self.calls: list[list[int]] = []  # per call: the per-row limits
+
+    def generate(self, batch, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *, stop_token_ids=(), stop_strings=()):
+        limits = [max_new_tokens] * len(batch) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        self.calls.append(limits)
+        return [self.tok.encode(self.script(self.tok.decode(ids)), add_special_tokens=False)[:lim]
+                for ids, lim in zip(batch, limits)]
+
+
+class RecordingGenerator:
+    """Wraps a real backend and remembers what it returned for each context."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.outputs: dict[tuple[int, ...], list[list[int]]] = {}  # a GRPO group shares its first context
+        self.calls = 0
+
+    def generate(self, batch, max_new_tokens, *args, **kwargs):
+        self.calls += 1
+        out = self.inner.generate(batch, max_new_tokens, *args, **kwargs)
+        for ids, new in zip(batch, out):
+            self.outputs.setdefault(tuple(ids), []).append(new)
+        return out
+
+
+def _question(context: str) -> str:
+    return re.search(r"Question: (.*?)\n", context).group(1)
+
+
+def _response(context: str) -> str:
+    """The assistant part of a context (the instruction itself mentions </information>)."""
+    return context.rsplit("<|im_start|>assistant\n", 1)[-1]
+
+
+def _hops(row) -> list[list[str]]:
+    return json.loads(row["metadata"])["hops"]
+
+
+def gold_script(tiny) -> Callable[[str], str]:
+    """One search per hop, then the gold answer; overshoots after each action."""
+
+    def script(context: str) -> str:
+        row = tiny.by_question[_question(context)]
+        done = _response(context).count("</information>")
+        hops = _hops(row)
+        if done < len(hops):
+            head, rel, _ = hops[done]
+            return f"<think>I need the {rel} of {head}.</think><search>{head} {rel.replace('_', ' ')}</search> spill"
+        return f"<think>Found it.</think><answer>{row['golden_answers'][0]}</answer><|im_end|> more"
+
+    return script
+
+
+def _engine(tiny, generator, env=None, **cfg) -> RolloutEngine:
+    env = env or SearchEnvironment(FakeRetriever(tiny.world.passages), topk=3)
+    return RolloutEngine(generator, tiny.tok, env, RolloutConfig(**cfg))
+
+
+def _ids(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+def check_mask_against_info_spans(t, tok):
+    """Locate observation spans by their tag ids (independently of the engine) and compare masks."""
+    info_open, info_close = tok.convert_tokens_to_ids("<information>"), tok.convert_tokens_to_ids("</information>")
+    answer_open = tok.convert_tokens_to_ids("<answer>")
+    head, tail = _ids(tok, OBS_PREFIX), _ids(tok, OBS_SUFFIX)
+    notice = _ids(tok, TURN_LIMIT_NOTICE)
+    ids = t.response_ids
+    expected = [1] * len(ids)
+    i = 0
+    while i < len(ids):
+        if ids[i] != info_open:
+            i += 1
+            continue
+        j = ids.index(info_close, i)
+        start, end = i - len(head) + 1, j + len(tail)
+        assert ids[start : i + 1] == head and ids[j : end] == tail
+        if ids[i + 1 : j] == notice and end < len(ids) and ids[end] == answer_open:
+            end += 1  # the prefilled <answer> of the forced turn
+        expected[start:end] = [0] * (end - start)
+        i = end
+    assert t.loss_mask == expected
+
+
+def check_turns(t):
+    n = len(t.response_ids)
+    assert len(t.loss_mask) == len(t.turn_index) == n
+    assert set(t.loss_mask) <= {0, 1}
+    assert t.turn_index == sorted(t.turn_index), "turn indices must be non-decreasing"
+    assert sum(t.loss_mask) == t.generated_tokens and n - sum(t.loss_mask) == t.observation_tokens
+    if n:
+        assert t.turn_index[0] == 0 and t.turn_index[-1] + 1 == len(t.actions)
+    for k, action in enumerate(t.actions):
+        assert action["turn"] == k
+        masks = [m for m, ti in zip(t.loss_mask, t.turn_index) if ti == k]
+        assert masks == sorted(masks, reverse=True), "a turn is its generated tokens, then the reply to them"
+        assert masks.count(0) == action["observation_tokens"]
+    assert t.num_searches == sum(a["type"] == "search" and a["valid"] for a in t.actions)
+    assert t.finished == (t.answer is not None) == (t.stop_reason == "answer")
+
+
+def check_bounds(t, cfg: RolloutConfig):
+    assert len(t.response_ids) <= cfg.max_response_tokens
+    assert len(t.prompt_ids) + len(t.response_ids) <= cfg.max_context_tokens
+    assert len(t.actions) <= cfg.max_turns + 1
+
+
+# --------------------------------------------------------------------------- scripted rollouts
+
+
+def test_prompt_is_chat_templated(tiny):
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, lambda c: ""))
+    q = tiny.rows[0]["question"]
+    text = tiny.tok.decode(engine.prompt_ids(q))
+    assert text.startswith("<|im_start|>user\nAnswer the given question.")
+    assert f"Question: {q}\n<|im_end|>\n<|im_start|>assistant\n" in text
+    custom = tiny.tok.decode(engine.prompt_ids(q, instruction="Q={question}"))
+    assert f"Q={q}<|im_end|>" in custom
+    configured = _engine(tiny, ScriptedGenerator(tiny.tok, lambda c: ""), instruction="Ask: {question}")
+    assert f"Ask: {q}<|im_end|>" in tiny.tok.decode(configured.prompt_ids(q))
+
+
+def test_gold_trajectories(tiny):
+    rows = tiny.rows[:4]
+    gen = ScriptedGenerator(tiny.tok, gold_script(tiny))
+    retriever = FakeRetriever(tiny.world.passages)
+    cfg = dict(max_turns=4, n=2, max_turn_tokens=96, max_obs_tokens=400)
+    engine = _engine(tiny, gen, SearchEnvironment(retriever, topk=3), **cfg)
+    trajs = engine.run_questions([r["question"] for r in rows])
+    assert [(t.prompt_index, t.sample_index) for t in trajs] == [(p, s) for p in range(4) for s in range(2)]
+    for t in trajs:
+        row = rows[t.prompt_index]
+        check_mask_against_info_spans(t, tiny.tok)
+        check_turns(t)
+        check_bounds(t, engine.config)
+        assert t.finished and t.stop_reason == "answer"
+        assert t.answer == row["golden_answers"][0] == extract_answer(t.response_text)
+        assert t.num_searches == len(_hops(row)) == len(t.actions) - 1
+        assert [a["type"] for a in t.actions] == ["search"] * t.num_searches + ["answer"]
+        assert "spill" not in t.response_text and " more" not in t.response_text  # overshoot cut
+        assert t.response_text.endswith("</answer>")
+        assert t.generated_tokens > 0 and t.observation_tokens > 0 and t.latency_s >= t.env_time_s >= 0
+        assert format_reward(t.response_text, "search") == 1.0
+        assert exact_match(t.answer, row["golden_answers"]) == 1.0
+        assert composite_reward(t, row["golden_answers"], {"em": 1.0, "format": 0.1}) == pytest.approx(1.1)
+        assert "Doc 1(Title: " in t.response_text
+    # One generate call per turn for all active rows; one retriever call per turn with every query.
+    max_hops = max(len(_hops(r)) for r in rows)
+    assert len(gen.calls) == max_hops + 1
+    assert len(gen.calls[0]) == 8
+    assert len(retriever.calls) == max_hops
+    assert len(retriever.calls[0]) == 8
+    assert [len(c) for c in retriever.calls] == [2 * sum(len(_hops(r)) > k for r in rows) for k in range(max_hops)]
+
+
+def test_forced_answer_after_max_turns(tiny):
+    def script(context):
+        if context.endswith("<answer>"):  # the prefilled forced turn
+            return "Velmar</answer> trailing"
+        return "<think>search more</think><search>Velmar founded</search>"
+
+    retriever = FakeRetriever(tiny.world.passages)
+    gen = ScriptedGenerator(tiny.tok, script)
+    engine = _engine(tiny, gen, SearchEnvironment(retriever), max_turns=2, n=2)
+    trajs = engine.run_questions([tiny.rows[0]["question"], tiny.rows[1]["question"]])
+    for t in trajs:
+        check_mask_against_info_spans(t, tiny.tok)
+        check_turns(t)
+        assert [(a["type"], a["forced"]) for a in t.actions] == [("search", False), ("search", False), ("answer", True)]
+        assert t.answer == "Velmar" and t.finished and t.num_searches == 2
+        assert t.response_text.count(TURN_LIMIT_NOTICE) == 1
+        assert t.response_text.endswith(TURN_LIMIT_NOTICE + "</information>\n\n<answer>Velmar</answer>")
+        # The notice and the prefilled <answer> are environment tokens of the last tool turn.
+        turn1_env = [i for i, m, k in zip(t.response_ids, t.loss_mask, t.turn_index) if k == 1 and m == 0]
+        forced = _ids(tiny.tok, forced_answer_prompt())
+        assert turn1_env[-len(forced):] == forced and len(turn1_env) == t.actions[1]["observation_tokens"]
+        assert set(t.turn_index) == {0, 1, 2}
+        assert format_reward(t.response_text) == 1.0
+    assert len(retriever.calls) == 2 and len(gen.calls) == 3
+
+
+def test_forced_turn_without_prefill_does_not_search(tiny):
+    retriever = FakeRetriever(tiny.world.passages)
+    gen = ScriptedGenerator(tiny.tok, lambda c: "<think>again</think><search>more</search>")
+    engine = _engine(tiny, gen, SearchEnvironment(retriever), max_turns=1, forced_answer_prefill=False)
+    (t,) = engine.run_questions([tiny.rows[0]["question"]])
+    check_mask_against_info_spans(t, tiny.tok)
+    check_turns(t)
+    assert len(retriever.calls) == 1
+    assert t.answer is None and not t.finished and t.stop_reason == "no_answer"
+    assert t.actions[-1]["forced"] and not t.actions[-1]["valid"] and "turn limit" in t.actions[-1]["error"]
+    assert t.response_text.endswith("</information>\n\n<think>again</think><search>more</search>")
+
+
+def test_zero_tool_turns_is_a_plain_answer_turn(tiny):
+    gen = ScriptedGenerator(tiny.tok, lambda c: "<think>no tools</think><answer>x</answer>")
+    (t,) = _engine(tiny, gen, max_turns=0).run_questions([tiny.rows[0]["question"]])
+    assert t.answer == "x" and t.observation_tokens == 0 and t.actions[0]["forced"]
+
+
+MALFORMED = [
+    "I will just ramble without any tags",
+    "<think>hmm</think><search>unclosed query",
+    "<think>hmm</think><search>   </search>",
+    "<think>hmm</think><answer>x<think>nested</think></answer>",
+    "\x00\x01\ufffd\x7f binary junk \udcff".encode("utf-8", "replace").decode("latin-1"),
+    "<think>hmm</think><query>unknown tag</query>",
+    "<information>I write my own docs</information><answer>x</answer>",
+    "<think>hmm</think><kg-query>wrong env</kg-query>",
+    "<|im_end|>",
+]
+
+
+def test_malformed_outputs_become_invalid_action_observations(tiny):
+    rows = tiny.rows[: len(MALFORMED)]
+    index = {r["question"]: i for i, r in enumerate(rows)}
+
+    def script(context):
+        if "</information>" in _response(context):
+            return "<think>ok</think><answer>fine</answer>"
+        return MALFORMED[index[_question(context)]]
+
+    retriever = FakeRetriever(tiny.world.passages)
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), SearchEnvironment(retriever), max_turns=3)
+    trajs = engine.run_questions([r["question"] for r in rows])
+    assert retriever.calls == []  # no valid query, no retrieval
+    for t in trajs:
+        check_turns(t)
+        first = t.actions[0]
+        assert first["type"] == "invalid" and not first["valid"] and first["error"], first
+        obs = tiny.tok.decode([i for i, m, k in zip(t.response_ids, t.loss_mask, t.turn_index) if m == 0 and k == 0])
+        assert obs.startswith("\n\n<information>Invalid action: ") and obs.endswith("</information>\n\n")
+        assert t.answer == "fine" and t.finished
+        if "<information>" not in MALFORMED[t.prompt_index]:
+            check_mask_against_info_spans(t, tiny.tok)
+
+
+def test_multi_query_search_batches_all_queries_in_one_call(tiny):
+    rows = tiny.rows[:3]
+
+    def script(context):
+        if "</information>" in _response(context):
+            return "<think>ok</think><answer>done</answer>"
+        head = _hops(tiny.by_question[_question(context)])[0][0]
+        return f"<think>split</think><search>{head} born | {head} employer\n{head} educated | extra</search>"
+
+    retriever = FakeRetriever(tiny.world.passages)
+    env = MultiQuerySearchEnvironment(retriever, topk=2, max_queries=2)
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), env, max_turns=3)
+    trajs = engine.run_questions([r["question"] for r in rows])
+    assert len(retriever.calls) == 1 and len(retriever.calls[0]) == 6
+    for t in trajs:
+        check_mask_against_info_spans(t, tiny.tok)
+        check_turns(t)
+        assert t.num_searches == 1 and t.num_queries == 2
+        assert t.actions[0]["dropped"] == [f"{_hops(rows[t.prompt_index])[0][0]} educated", "extra"]
+        assert "Query 1: " in t.response_text and "Query 2: " in t.response_text
+        assert "Note: at most 2 queries per turn; not searched: " in t.response_text
+        assert format_reward(t.response_text, "multi_query_search") == 1.0
+    assert "up to 2 queries" in tiny.tok.decode(engine.prompt_ids("q?"))
+
+
+def test_retrieval_failure_stops_the_rollout(tiny):
+    gen = ScriptedGenerator(tiny.tok, gold_script(tiny))
+    retriever = FakeRetriever(tiny.world.passages, fail=RetrievalUnavailable("http://retriever:8000 refused"))
+    engine = _engine(tiny, gen, SearchEnvironment(retriever))
+    with pytest.raises(RetrievalUnavailable) as info:
+        engine.run_questions([tiny.rows[0]["question"], tiny.rows[1]["question"]])
+    assert any("rollout stops" in note for note in info.value.__notes__)
+    assert len(retriever.calls) == 1
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [lambda out: out[:-1], lambda out: [[{"id": "x", "title": "t"}] for _ in out], lambda out: "nope"],
+    ids=["too-few-lists", "hit-without-text", "not-a-list"],
+)
+def test_malformed_retrieval_results_are_errors(tiny, mangle):
+    env = SearchEnvironment(FakeRetriever(tiny.world.passages, mangle=mangle))
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, gold_script(tiny)), env)
+    with pytest.raises(RetrievalResultError):
+        engine.run_questions([tiny.rows[0]["question"]])
+
+
+def test_observation_truncated_to_budget_keeps_closing_tag(tiny):
+    gen = ScriptedGenerator(tiny.tok, gold_script(tiny))
+    engine = _engine(tiny, gen, max_obs_tokens=24)
+    (t,) = engine.run_questions([tiny.rows[0]["question"]])
+    check_mask_against_info_spans(t, tiny.tok)
+    check_turns(t)
+    tail = _ids(tiny.tok, OBS_SUFFIX)
+    for a in t.actions[:-1]:
+        assert a["observation_tokens"] <= 24
+    obs = [i for i, m, k in zip(t.response_ids, t.loss_mask, t.turn_index) if m == 0 and k == 0]
+    assert len(obs) == 24 and obs[-len(tail):] == tail
+    assert t.finished
+
+
+def test_response_and_context_bounds(tiny):
+    script = lambda c: "<think>" + "la " * 12 + "</think><search>Velmar founded</search>"  # noqa: E731
+    q = tiny.rows[0]["question"]
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), max_turns=10, max_response_tokens=120, max_turn_tokens=60)
+    (t,) = engine.run_questions([q])
+    check_turns(t)
+    check_bounds(t, engine.config)
+    assert t.stop_reason == "response_limit" and t.answer is None and not t.finished
+    assert len(t.response_ids) == 120  # the observation was cut to the room left
+
+    # Room for the search but not for any observation: the search is not executed.
+    turn_len = len(_ids(tiny.tok, script("")))
+    retriever = FakeRetriever(tiny.world.passages)
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), SearchEnvironment(retriever),
+                     max_response_tokens=turn_len + 4)
+    (t,) = engine.run_questions([q])
+    check_turns(t)
+    assert t.stop_reason == "response_limit" and retriever.calls == [] and t.num_searches == 0
+    assert t.actions[-1]["error"] == "length limit reached; action not executed"
+
+    prompt_len = len(engine.prompt_ids(q))
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), max_turns=10, max_context_tokens=prompt_len + 90)
+    (t,) = engine.run_questions([q])
+    check_turns(t)
+    check_bounds(t, engine.config)
+    assert t.stop_reason == "context_limit" and t.answer is None
+
+    with pytest.raises(ValueError, match="max_obs_tokens"):
+        _engine(tiny, ScriptedGenerator(tiny.tok, script), max_obs_tokens=3)
+
+
+def test_multi_token_tags_are_cut_by_text(tiny):
+    # A real tokenizer (Qwen2.5) has no single-token tags: the engine must fall back to stop strings.
+    from ragrl.toy.tiny_model import _train_bpe
+
+    backend = _train_bpe(world_text_cache(tiny), 400)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                               chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False)
+    assert len(tok.encode("</search>", add_special_tokens=False)) > 1
+    script = gold_script(tiny)
+    engine = RolloutEngine(ScriptedGenerator(tok, script), tok, SearchEnvironment(FakeRetriever(tiny.world.passages)),
+                           RolloutConfig(max_turns=4))
+    assert set(engine.stop_strings) == {"</search>", "</answer>", "</kg-query>"}
+    (t,) = engine.run_questions([tiny.rows[0]["question"]])
+    check_turns(t)
+    assert t.answer == tiny.rows[0]["golden_answers"][0]
+    assert "spill" not in t.response_text and t.response_text.endswith("</answer>")
+    assert format_reward(t.response_text) == 1.0
+
+
+def world_text_cache(tiny):
+    return [p["title"] + "\n" + p["text"] for p in tiny.world.passages]
+
+
+# --------------------------------------------------------------------------- the random policy
+
+
+def test_random_policy_rollouts(tiny):
+    rec = RecordingGenerator(tiny.hf)
+    retriever = FakeRetriever(tiny.world.passages)
+    cfg = dict(max_turns=2, n=2, max_turn_tokens=24, max_response_tokens=220, temperature=1.0, seed=7)
+    engine = _engine(tiny, rec, SearchEnvironment(retriever), **cfg)
+    questions = [r["question"] for r in tiny.rows[:3]]
+    trajs = engine.run_questions(questions)
+    tok = tiny.tok
+    stops = set(engine.stop_token_ids)
+    head, tail = _ids(tok, OBS_PREFIX), _ids(tok, OBS_SUFFIX)
+    answer_open = tok.convert_tokens_to_ids("<answer>")
+    for t in trajs:
+        check_turns(t)
+        check_bounds(t, engine.config)
+        # Walk the response: each turn's mask-1 run is exactly what the backend returned for that
+        # context (cut at the first stop id), each mask-0 run a whole observation.
+        pos = 0
+        for k, action in enumerate(t.actions):
+            candidates = rec.outputs[tuple(t.prompt_ids + t.response_ids[:pos])]
+            cuts = [new[: next((i + 1 for i, x in enumerate(new) if x in stops), len(new))] for new in candidates]
+            gen_len = sum(1 for m, ti in zip(t.loss_mask, t.turn_index) if ti == k and m == 1)
+            assert t.response_ids[pos : pos + gen_len] in cuts
+            pos += gen_len
+            obs = t.response_ids[pos : pos + action["observation_tokens"]]
+            pos += len(obs)
+            if obs:
+                assert obs[: len(head)] == head
+                assert obs[-len(tail):] == tail or (obs[-1] == answer_open and action["turn"] == cfg["max_turns"] - 1)
+        assert pos == len(t.response_ids)
+    assert rec.calls <= cfg["max_turns"] + 1
+    assert len(retriever.calls) <= cfg["max_turns"]
+    # Same seed, same trajectories; the samples of a group differ.
+    again = _engine(tiny, tiny.hf, SearchEnvironment(FakeRetriever(tiny.world.passages)), **cfg).run_questions(questions)
+    assert [t.response_ids for t in again] == [t.response_ids for t in trajs]
+    assert trajs[0].response_ids != trajs[1].response_ids
+
+
+# --------------------------------------------------------------------------- HF backend
+
+
+def test_hf_backend_stops_at_token_ids_per_row(tiny):
+    tok, hf = tiny.tok, tiny.hf
+    prompts = [_ids(tok, "Where was Ada born?"), _ids(tok, "hi")]
+    free = hf.generate(prompts, 12, temperature=1.0, seed=3)
+    assert free == hf.generate(prompts, 12, temperature=1.0, seed=3)  # seeded: reproducible
+    assert all(len(x) <= 12 for x in free)
+    row = free[0] if len(free[0]) >= 6 else free[1]
+    k = next(i for i in range(2, len(row)) if row[i] not in row[:i])
+    stopped = hf.generate(prompts, 12, temperature=1.0, seed=3, stop_token_ids=[row[k]])
+    r = 0 if row is free[0] else 1
+    assert stopped[r] == row[: k + 1]  # stops right after the stop id, which is kept
+    per_row = hf.generate(prompts, [5, 2], temperature=1.0, seed=3)
+    assert len(per_row[0]) <= 5 and len(per_row[1]) <= 2 and per_row[0] == free[0][: len(per_row[0])]
+    assert hf.generate(prompts, [0, 3], temperature=0)[0] == []
+
+
+def test_hf_backend_stop_strings(tiny):
+    # Multi-token tags (a real tokenizer) stop through transformers' string matcher.
+    tok, hf = tiny.tok, tiny.hf
+    prompts = [_ids(tok, "Where was Ada born?")]
+    (row,) = hf.generate(prompts, 16, temperature=1.0, seed=11)
+    k = next(i for i in range(1, len(row))
+             if len(tok.decode([row[i]]).strip()) >= 2 and tok.decode([row[i]]) not in tok.decode(row[:i]))
+    (stopped,) = hf.generate(prompts, 16, temperature=1.0, seed=11, stop_strings=[tok.decode([row[k]])])
+    assert stopped == row[: k + 1]
+
+
+def test_hf_backend_samples_from_the_plain_policy(tiny):
+    # Checkpoint sampling defaults (top_k, repetition_penalty) must not leak into RL rollouts.
+    hf, prompts = tiny.hf, [_ids(tiny.tok, "Velmar"), _ids(tiny.tok, "Velmar")]
+    plain = hf.generate(prompts, 10, temperature=1.0, seed=5)
+    saved = hf.model.generation_config
+    hf.model.generation_config = transformers.GenerationConfig(**saved.to_dict())
+    hf.model.generation_config.top_k, hf.model.generation_config.repetition_penalty = 1, 5.0
+    try:
+        assert hf.generate(prompts, 10, temperature=1.0, seed=5) == plain
+    finally:
+        hf.model.generation_config = saved
+    assert plain[0] != plain[1]  # rows of one call are independent samples
+
+
+def test_hf_backend_left_padding_matches_unbatched_greedy(tiny):
+    tok, hf = tiny.tok, tiny.hf
+    prompts = [_ids(tok, "In what year was the company founded?"), _ids(tok, "Velmar")]
+    batched = hf.generate(prompts, 8, temperature=0)
+    single = [hf.generate([p], 8, temperature=0)[0] for p in prompts]
+    assert batched == single
+
+
+# --------------------------------------------------------------------------- OpenAI-compatible backend
+
+
+class _FakeVLLM(http.server.BaseHTTPRequestHandler):
+    requests: list[dict] = []
+    script: list[tuple[int, object]] = []  # queued (status, payload); default: echo-style token ids
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+        status, payload = type(self).script.pop(0) if type(self).script else (200, None)
+        if payload is None:
+            # Overshoots the stop id (5) and the budget, like a backend that ignores both.
+            payload = {"choices": [{"index": i, "text": "x", "token_ids": [p[-1], 5, 6, 7, 8, 9, 10, 11],
+                                    "finish_reason": "length"} for i, p in reversed(list(enumerate(body["prompt"])))]}
+        data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def vllm():
+    _FakeVLLM.requests, _FakeVLLM.script = [], []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeVLLM)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}", handler=_FakeVLLM)
+    server.shutdown()
+    server.server_close()
+
+
+def test_openai_request_and_response(vllm):
+    gen = OpenAICompletionsGenerator(vllm.url, "policy", api_key="k", backoff_s=0)
+    out = gen.generate([[1, 2], [3], [4]], [4, 2, 4], temperature=0.7, top_p=0.9, stop_token_ids=[5, 99])
+    assert out == [[2, 5], [3, 5], [4, 5]]  # cut after the stop id, in prompt order
+    reqs = vllm.handler.requests
+    assert len(reqs) == 2  # one request per distinct budget (sent concurrently, in any order)
+    first = next(r for r in reqs if r["body"]["max_tokens"] == 4)
+    assert first["path"] == "/v1/completions" and first["auth"] == "Bearer k"
+    body = first["body"]
+    assert body["prompt"] == [[1, 2], [4]] and body["max_tokens"] == 4 and body["model"] == "policy"
+    assert body["temperature"] == 0.7 and body["top_p"] == 0.9 and body["stop_token_ids"] == [5, 99]
+    assert body["return_token_ids"] and body["return_tokens_as_token_ids"] and body["logprobs"] == 0
+    assert "seed" not in body
+    assert gen.generate([[1]], 1, stop_token_ids=[]) == [[1]]  # budget cut
+
+
+def test_openai_seeded_rows_get_their_own_seed(vllm):
+    gen = OpenAICompletionsGenerator(vllm.url + "/v1", "policy", backoff_s=0)
+    gen.generate([[1], [1], [1]], 3, seed=10, stop_token_ids=[5])
+    seeds = sorted(r["body"]["seed"] for r in vllm.handler.requests)
+    assert seeds == [10, 11, 12] and all(len(r["body"]["prompt"]) == 1 for r in vllm.handler.requests)
+
+
+def test_openai_logprob_token_ids_and_retries(vllm):
+    vllm.handler.script = [
+        (503, {"error": "warming up"}),
+        (429, {"error": "busy"}),
+        (200, {"choices": [{"index": 1, "text": "b", "logprobs": {"tokens": ["token_id:7", "token_id:8"]}},
+                           {"index": 0, "text": "a", "logprobs": {"tokens": ["token_id:9"]}}]}),
+    ]
+    gen = OpenAICompletionsGenerator(vllm.url, "policy", backoff_s=0, max_retries=2)
+    assert gen.generate([[1], [2]], 4) == [[9], [7, 8]]
+    assert len(vllm.handler.requests) == 3
+
+
+def test_openai_errors_are_clear(vllm):
+    gen = OpenAICompletionsGenerator(vllm.url, "policy", backoff_s=0, max_retries=1)
+    vllm.handler.script = [(400, {"error": "max_tokens too large"})]
+    with pytest.raises(GenerationBackendError, match="HTTP 400.*max_tokens too large"):
+        gen.generate([[1]], 4)
+    vllm.handler.script = [(500, "boom"), (500, "boom")]
+    with pytest.raises(GenerationBackendError, match="after 2 attempts.*HTTP 500"):
+        gen.generate([[1]], 4)
+    vllm.handler.script = [(200, {"choices": [{"index": 0, "text": "abc"}]})]
+    with pytest.raises(GenerationBackendError, match="no token ids"):
+        gen.generate([[1]], 4)
+    vllm.handler.script = [(200, {"choices": []})]
+    with pytest.raises(GenerationBackendError, match="0 choices for 1 prompts"):
+        gen.generate([[1]], 4)
+    vllm.handler.script = [(200, "not json")]
+    with pytest.raises(GenerationBackendError, match="not JSON"):
+        gen.generate([[1]], 4)
+
+
+def test_openai_retokenize_fallback_and_unreachable_server(vllm, tiny):
+    vllm.handler.script = [(200, {"choices": [{"index": 0, "text": "<search>q</search>"}]})]
+    gen = OpenAICompletionsGenerator(vllm.url, "policy", backoff_s=0, retokenize_with=tiny.tok)
+    assert gen.generate([[1]], 8) == [_ids(tiny.tok, "<search>q</search>")]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = OpenAICompletionsGenerator(f"http://127.0.0.1:{port}", "policy", backoff_s=0, max_retries=1, timeout_s=2)
+    with pytest.raises(GenerationBackendError, match="after 2 attempts.*Connect"):
+        dead.generate([[1]], 4)
+
+
+def test_make_environment():
+    r = FakeRetriever([{"id": "1", "title": "t", "text": "x"}])
+    assert isinstance(make_environment("search", r), SearchEnvironment)
+    multi = make_environment("multi_query_search", r, max_queries=4)
+    assert multi.spec.multi_query and multi.spec.max_queries == 4
+    with pytest.raises(ValueError, match="unknown environment"):
+        make_environment("browse", r)
