@@ -205,6 +205,8 @@ def retrieval_reports():
 def all_outputs():
     outputs = world_outputs()
     outputs.append(f"{RESULTS}/checks/policy_generate.txt")
+    outputs += [passages_path(c) for c in config["corpora"]]
+    outputs += [qa_path(d) for d in config["datasets"]]
     if eval_datasets():
         corpus, hybrid = config["retrieval"]["corpus"], retrievers()[-1]
         outputs += [f"{RESULTS}/tables/retrieval_recall.md",
