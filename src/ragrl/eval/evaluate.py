@@ -1,0 +1,207 @@
+"""Evaluate a policy on a QA set with the rollout engine used in training.
+
+Outputs (both written atomically, in `out_dir`):
+
+* `predictions.parquet`, one row per question: id, question, golden_answers list<string>,
+  prediction (the final answer, "" when there is none), turns (assistant turns), searches
+  (executed search actions), queries list<string> (executed queries, in order),
+  generated_tokens, observation_tokens, latency_s, em, f1, cover_em, format, stop_reason,
+  response (the decoded response, for error analysis).
+* `metrics.json`: {"run_id", "dataset", "n", "metrics": {em, f1, cover_em, format, turns,
+  searches}}, each metric the mean of its prediction column (null when n = 0).
+
+Decoding is greedy by default: `temperature=0.0` overrides the rollout config's (pass
+`temperature=None` to sample with the config's own); one sample per question whatever
+`rollout_cfg.n` says.
+
+No-retrieval baseline (`env_name="none"`): the prompt asks for a direct answer (think, then
+<answer>, no mention of search), and the run uses `max_turns=0`, so the first turn is the
+engine's final answer turn: a model that answers is scored; a search there is not executed
+(the trajectory ends unanswered, as any search after the turn limit). Its format is scored as a
+one-turn "search"-environment response: `<think>…</think><answer>…</answer>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragrl.agent.protocol import ActionSpec, Action, invalid_message, parse_action
+from ragrl.io import write_json, write_parquet
+from ragrl.rewards.qa import cover_exact_match, exact_match, f1, format_reward
+
+NO_RETRIEVAL = "none"
+METRIC_COLUMNS = ("em", "f1", "cover_em", "format", "turns", "searches")
+
+NO_SEARCH_INSTRUCTION = (
+    "Answer the given question. Reason step by step inside <think> and </think>, then give the "
+    "final answer inside <answer> and </answer>, without explanation, for example "
+    "<answer> Beijing </answer>. Question: {question}\n"
+)
+
+PREDICTION_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("question", pa.string()),
+    ("golden_answers", pa.list_(pa.string())),
+    ("prediction", pa.string()),
+    ("turns", pa.int32()),
+    ("searches", pa.int32()),
+    ("queries", pa.list_(pa.string())),
+    ("generated_tokens", pa.int64()),
+    ("observation_tokens", pa.int64()),
+    ("latency_s", pa.float64()),
+    ("em", pa.float64()),
+    ("f1", pa.float64()),
+    ("cover_em", pa.float64()),
+    ("format", pa.float64()),
+    ("stop_reason", pa.string()),
+    ("response", pa.string()),
+])
+
+
+class NoRetrievalEnvironment:
+    """An environment with only <answer>: the closed-book baseline. Any other action is invalid."""
+
+    name = NO_RETRIEVAL
+
+    def __init__(self) -> None:
+        self.spec = ActionSpec(actions=("answer",))
+        self.last_search_s = 0.0
+
+    def parse(self, text: str) -> Action:
+        return parse_action(text, self.spec)
+
+    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = ()) -> list[str | None]:
+        return [None if a.kind == "answer" else
+                invalid_message(a.error or f"<{a.kind}> is not available here.", self.spec) for a in actions]
+
+
+def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env_name: str, retriever, out_dir: str | Path, *,
+             run_id: str, dataset: str, rollout_cfg=None, batch_size: int = 32, max_questions: int | None = None,
+             topk: int = 3, max_queries: int = 3, temperature: float | None = 0.0, device: str = "cpu",
+             dtype: str = "auto", generator=None, tokenizer=None) -> dict:
+    """Roll out the policy in `model_dir` on every question of `qa_parquet`; write predictions and metrics.
+
+    `retriever`: anything with `search(queries, topk)` returning hits as mappings or `Hit`s (an
+    in-process `Searcher`, a `RetrievalClient`), or None with `env_name="none"`. `generator` and
+    `tokenizer` replace the HF model loaded from `model_dir` (a vLLM server, a scripted policy).
+    Returns the metrics.json object.
+    """
+    from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    cfg = rollout_cfg if rollout_cfg is not None else RolloutConfig()
+    if temperature is not None:
+        cfg = dataclasses.replace(cfg, temperature=temperature)
+    env, cfg = _environment(env_name, retriever, cfg, topk, max_queries)
+    generator, tokenizer = _policy(model_dir, generator, tokenizer, device, dtype)
+    engine = RolloutEngine(generator, tokenizer, env, cfg)
+
+    rows = _read_questions(qa_parquet, max_questions)
+    predictions = run_predictions(engine, rows, batch_size, desc=f"eval {run_id}/{dataset}")
+    metrics = summarize(predictions, run_id, dataset)
+    out_dir = Path(out_dir)
+    write_parquet(pa.Table.from_pylist(predictions, schema=PREDICTION_SCHEMA), out_dir / "predictions.parquet")
+    write_json(metrics, out_dir / "metrics.json")
+    shown = " ".join(f"{k}={v:.4f}" if v is not None else f"{k}=null" for k, v in metrics["metrics"].items())
+    print(f"[eval] {run_id}/{dataset}: n={metrics['n']} {shown}", file=sys.stderr, flush=True)
+    return metrics
+
+
+def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "eval") -> list[dict]:
+    """One prediction record per row, in row order; batches of `batch_size` questions per rollout."""
+    from ragrl.progress import progress
+
+    format_env = "search" if engine.env.name == NO_RETRIEVAL else engine.env.name
+    out: list[dict] = []
+    batches = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+    for batch in progress(batches, desc=desc, unit="batch"):
+        trajs = engine.run_questions([r["question"] for r in batch], n=1)
+        for row, t in zip(batch, trajs, strict=True):
+            out.append(prediction_record(row, t, format_env))
+    return out
+
+
+def prediction_record(row: dict, t, format_env: str) -> dict:
+    golds = [str(g) for g in row["golden_answers"]]
+    queries = [q for a in t.actions if a["type"] == "search" and a["valid"] for q in a["queries"]]
+    return {
+        "id": str(row["id"]),
+        "question": row["question"],
+        "golden_answers": golds,
+        "prediction": t.answer if t.answer is not None else "",
+        "turns": len(t.actions),
+        "searches": t.num_searches,
+        "queries": queries,
+        "generated_tokens": t.generated_tokens,
+        "observation_tokens": t.observation_tokens,
+        "latency_s": float(t.latency_s),
+        # Scored on the engine's answer (None when there is none), the same string the RL reward sees.
+        "em": exact_match(t.answer, golds),
+        "f1": f1(t.answer, golds),
+        "cover_em": cover_exact_match(t.answer, golds),
+        "format": format_reward(t.response_text, format_env),
+        "stop_reason": t.stop_reason,
+        "response": t.response_text,
+    }
+
+
+def summarize(predictions: Sequence[dict], run_id: str, dataset: str) -> dict:
+    n = len(predictions)
+    means = {k: (math.fsum(float(p[k]) for p in predictions) / n if n else None) for k in METRIC_COLUMNS}
+    return {"run_id": run_id, "dataset": dataset, "n": n, "metrics": means}
+
+
+def _environment(env_name: str, retriever, cfg, topk: int, max_queries: int):
+    from ragrl.agent.environments import make_environment
+    from ragrl.agent.retriever_adapter import AgentRetriever
+
+    if env_name == NO_RETRIEVAL:
+        instruction = cfg.instruction if cfg.instruction is not None else NO_SEARCH_INSTRUCTION
+        return NoRetrievalEnvironment(), dataclasses.replace(cfg, max_turns=0, instruction=instruction)
+    if retriever is None:
+        raise ValueError(f"environment {env_name!r} needs a retriever (use env_name={NO_RETRIEVAL!r} for no retrieval)")
+    return make_environment(env_name, AgentRetriever(retriever), topk=topk, max_queries=max_queries), cfg
+
+
+def _policy(model_dir, generator, tokenizer, device: str, dtype: str):
+    if generator is not None:
+        if tokenizer is None:
+            if model_dir is None:
+                raise ValueError("a custom generator needs tokenizer= or model_dir to load one from")
+            import transformers
+
+            tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        return generator, tokenizer
+    if model_dir is None:
+        raise ValueError("evaluate needs model_dir (or generator= and tokenizer=)")
+    from ragrl.agent.generation import HFGenerator
+
+    _quiet_progress_bars()
+    started = time.monotonic()
+    hf = HFGenerator.from_pretrained(model_dir, device=device, dtype=dtype)
+    print(f"[eval] loaded {model_dir} on {device} in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    return hf, tokenizer or hf.tokenizer
+
+
+def _quiet_progress_bars() -> None:
+    # Weight-loading bars are carriage-return spam in a log file; terminals keep them.
+    if not sys.stderr.isatty():
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+
+
+def _read_questions(path: str | Path, limit: int | None) -> list[dict]:
+    table = pq.read_table(path, columns=["id", "question", "golden_answers"])
+    if limit is not None:
+        table = table.slice(0, max(limit, 0))
+    return table.to_pylist()

@@ -1,0 +1,153 @@
+"""Policy-gradient loss terms as pure tensor functions.
+
+Shapes: logits [B, T, V]; everything per token is [B, T] over the *response* positions only, with
+`mask` 1 where the policy generated the token and 0 for observations (retrieved passages, tool
+output) and padding. Nothing here reads a global or touches a model, so each term can be checked
+against a hand computation.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+LossAgg = Literal["token-mean", "grpo", "dr_grpo"]
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "grpo", "dr_grpo")
+
+# exp() of a log-ratio beyond this overflows float32 (e^88); a ratio of e^20 is already absurd and
+# would be clipped anyway, so clamping changes no sane update while keeping inf/nan out of gradients.
+MAX_LOG_RATIO = 20.0
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(labels) under softmax(logits / temperature), computed in float32.
+
+    gather-minus-logsumexp instead of log_softmax: it never materialises a second [B, T, V] tensor,
+    which is the largest tensor in RL training for a real vocabulary.
+    """
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = torch.gather(logits, -1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-position entropy of softmax(logits / temperature), [B, T]."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(policy || ref) per token: exp(d) - d - 1 with d = ref - logp.
+
+    Unbiased for samples from the policy and never negative, unlike the plain log-ratio (k1).
+    """
+    d = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return torch.exp(d) - d - 1.0
+
+
+def ppo_clip_per_token(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped surrogate loss -min(r A, clip(r, 1-lo, 1+hi) A) and a 0/1 "was clipped" map.
+
+    Separate low/high epsilons allow DAPO's clip-higher; equal values give the PPO paper's objective.
+    """
+    ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    was_clipped = (clipped < unclipped).float()
+    return loss, was_clipped
+
+
+def default_denominator(mask: torch.Tensor, mode: LossAgg, max_response_len: int | None = None) -> float:
+    """What `aggregate` divides by when no denominator is given (for one batch on one process).
+
+    The trainer sums this over micro-batches and processes to make the loss of a split batch
+    equal to the loss of the whole batch.
+    """
+    mask = mask.float()
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "grpo":
+        return float((mask.sum(-1) > 0).sum())
+    if mode == "dr_grpo":
+        return float(mask.shape[0] * (max_response_len if max_response_len is not None else mask.shape[-1]))
+    raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAgg,
+    max_response_len: int | None = None,
+    denominator: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token values [B, T] to a scalar over mask-1 tokens.
+
+    token-mean: sum over masked tokens / number of masked tokens (every token weighs the same).
+    grpo:       mean over sequences of each sequence's own token mean (every sequence weighs the
+                same; sequences with no mask-1 token are left out rather than counted as zero).
+    dr_grpo:    sum over masked tokens / (number of sequences x max_response_len): a constant
+                normaliser, so long responses are not down-weighted (Dr. GRPO, Liu et al. 2025).
+                max_response_len should be the generation limit; it falls back to the padded width.
+
+    `denominator` overrides the default normaliser (see `default_denominator`).
+    """
+    mask = mask.to(values.dtype)
+    # where(), not multiply: a non-finite value at a masked position must not leak nan into the sum.
+    masked = torch.where(mask > 0, values, torch.zeros_like(values))
+    if mode == "grpo":
+        per_seq_count = mask.sum(-1)
+        per_seq = masked.sum(-1) / per_seq_count.clamp(min=1.0)
+        total = per_seq.sum()
+    elif mode in ("token-mean", "dr_grpo"):
+        total = masked.sum()
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
+    if denominator is None:
+        denominator = default_denominator(mask, mode, max_response_len)
+    return total / max(float(denominator), 1.0)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: LossAgg,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    max_response_len: int | None = None,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped policy-gradient loss plus kl_coef * k3 KL to the reference, aggregated by `loss_agg`.
+
+    The KL term sits inside the per-token loss (GRPO-style) rather than in the reward (PPO-RLHF
+    style), so it needs no critic and is aggregated exactly like the policy term.
+    Returns the scalar loss and detached per-batch statistics (token means over mask-1 tokens).
+    """
+    pg, was_clipped = ppo_clip_per_token(logp, old_logp, advantages, clip_low, clip_high)
+    per_token = pg
+    stats: dict[str, torch.Tensor] = {}
+    if ref_logp is not None and kl_coef != 0.0:
+        kl = kl_k3(logp, ref_logp)
+        per_token = per_token + kl_coef * kl
+        stats["kl"] = aggregate(kl.detach(), mask, "token-mean")
+    loss = aggregate(per_token, mask, loss_agg, max_response_len, denominator)
+    stats["pg_loss"] = aggregate(pg.detach(), mask, "token-mean")
+    stats["clip_frac"] = aggregate(was_clipped, mask, "token-mean")
+    return loss, stats

@@ -1,0 +1,206 @@
+"""Supervised fine-tuning on pre-tokenized trajectories with TRL's `SFTTrainer` (trl 1.16).
+
+Input: the parquet of `ragrl.train.sft_data` (`input_ids`, `assistant_masks`). TRL 1.16 treats a
+dataset with an `input_ids` column as pre-tokenized and, when it has no `labels` column, builds
+labels from `assistant_masks` (always applied: label = token id where the mask is 1, else -100)
+and from `completion_mask` (only with `completion_only_loss=True`), then drops the mask columns.
+So the loss is on generated tokens only (observations and prompt are context, never targets)
+with the defaults `assistant_only_loss=False` (that flag means "render a conversational dataset
+with the chat template's generation markers", and TRL rejects it for non-conversational data) and
+`completion_only_loss=False` (nothing here is a prompt/completion pair). `max_length=None`, since
+TRL's default (1024) would silently truncate multi-turn trajectories; `packing=False`, so a
+sequence is never split.
+
+Output (`out_dir`, written atomically): the full model (safetensors) and tokenizer, or with LoRA
+the adapter (`adapter_config.json`, `adapter_model.safetensors`) and tokenizer, plus
+`sft_log.jsonl` (TRL's log records). Nothing pickled: the trainer's `save_model` would also write
+`training_args.bin` (a pickle), so the model is saved with `save_pretrained` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+
+from ragrl.io import atomic_dir
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DATA_COLUMNS = ("input_ids", "assistant_masks")
+
+
+@dataclass(frozen=True)
+class SFTArgs:
+    epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides epochs
+    lr: float = 1e-5
+    batch_size: int = 8  # per device
+    grad_accum: int = 1
+    seed: int = 0
+    warmup_steps: float = 0.0  # an int: steps; a float in [0, 1): share of all steps
+    weight_decay: float = 0.0
+    lr_scheduler: str = "cosine"
+    max_grad_norm: float = 1.0
+    max_length: int | None = None  # None: never truncate (TRL's default of 1024 would)
+    log_every: int = 10
+    bf16: bool | None = None  # None: on when a CUDA device supports it
+    gradient_checkpointing: bool = False
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = field(default=DEFAULT_LORA_TARGETS)
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "batch_size", "grad_accum", "log_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sft.{name}={getattr(self, name)} must be > 0")
+        if self.max_steps <= 0 and self.epochs <= 0:
+            raise ValueError("sft needs epochs > 0 or max_steps > 0")
+        if self.lora and (self.lora_r <= 0 or not self.lora_target_modules):
+            raise ValueError("LoRA needs lora_r > 0 and at least one target module")
+
+
+def load_sft_dataset(path: str | Path):
+    """The parquet as an in-memory `datasets.Dataset` of just the columns the trainer uses."""
+    import datasets
+
+    table = pq.read_table(path, columns=list(DATA_COLUMNS))
+    if table.num_rows == 0:
+        raise ValueError(f"{path}: no SFT examples")
+    return datasets.Dataset(table)
+
+
+def lora_config(args: SFTArgs):
+    from peft import LoraConfig
+
+    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                      target_modules=list(args.lora_target_modules), bias="none", task_type="CAUSAL_LM")
+
+
+def sft_config(args: SFTArgs, output_dir: str | Path):
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(output_dir),
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        lr_scheduler_type=args.lr_scheduler,
+        max_grad_norm=args.max_grad_norm,
+        seed=args.seed,
+        data_seed=args.seed,
+        bf16=_bf16(args.bf16),
+        # transformers 5 name; it overrides TRL's `gradient_checkpointing=True` default (a deprecated alias).
+        activation_checkpointing=args.gradient_checkpointing,
+        # The mask columns carry the loss mask; see the module docstring.
+        assistant_only_loss=False,
+        completion_only_loss=False,
+        max_length=args.max_length,
+        packing=False,
+        padding_free=False,
+        logging_steps=args.log_every,
+        logging_first_step=True,
+        # A log file is not a terminal: tqdm's carriage returns would pile up into one huge line.
+        disable_tqdm=not sys.stderr.isatty(),
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        dataloader_num_workers=0,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        model_init_kwargs={"dtype": "bfloat16" if _bf16(args.bf16) else "float32"},
+    )
+
+
+def build_trainer(model_dir: str | Path, data_parquet: str | Path, output_dir: str | Path, args: SFTArgs):
+    """An `SFTTrainer` ready to `train()`; its prepared dataset and collator can be inspected first."""
+    import transformers
+    from trl import SFTTrainer
+
+    _quiet_progress_bars()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    config = sft_config(args, output_dir)
+    trainer = SFTTrainer(
+        model=str(model_dir),
+        args=config,
+        train_dataset=load_sft_dataset(data_parquet),
+        processing_class=tokenizer,
+        peft_config=lora_config(args) if args.lora else None,
+    )
+    _install_log_lines(trainer)
+    return trainer
+
+
+def train_sft(model_dir: str | Path, data_parquet: str | Path, out_dir: str | Path, args: SFTArgs = SFTArgs()) -> Path:
+    """Fine-tune `model_dir` on `data_parquet`; write the model (or LoRA adapter) to `out_dir`."""
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        trainer = build_trainer(model_dir, data_parquet, tmp / "_trainer", args)
+        result = trainer.train()
+        _save(trainer, tmp)
+        _write_log(trainer.state.log_history, tmp / "sft_log.jsonl")
+        _remove_tree(tmp / "_trainer")
+        print(f"[sft] done: {trainer.state.global_step} steps, train loss {result.training_loss:.4f}, "
+              f"saved {'LoRA adapter' if args.lora else 'model'} to {out_dir}", file=sys.stderr, flush=True)
+    return out_dir
+
+
+def _save(trainer, directory: Path) -> None:
+    # With LoRA, `trainer.model` is a PeftModel and save_pretrained writes only the adapter.
+    trainer.model.save_pretrained(directory, safe_serialization=True)
+    trainer.processing_class.save_pretrained(directory)
+
+
+def _write_log(history: Sequence[dict], path: Path) -> None:
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history))
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _bf16(flag: bool | None) -> bool:
+    if flag is not None:
+        return flag
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def _quiet_progress_bars() -> None:
+    # datasets' map bars and transformers' loading/saving bars are carriage-return spam in a log file.
+    if not sys.stderr.isatty():
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+
+
+def _install_log_lines(trainer) -> None:
+    """One plain line per logging step (step/total, loss, lr) instead of dict dumps or tqdm bars."""
+    import transformers
+
+    class LogLines(transformers.TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or not state.is_local_process_zero:
+                return
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(logs.items()))
+            print(f"[sft] step {state.global_step}/{state.max_steps} {shown}", file=sys.stderr, flush=True)
+
+    if not sys.stderr.isatty():
+        trainer.remove_callback(transformers.PrinterCallback)
+    trainer.add_callback(LogLines())
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

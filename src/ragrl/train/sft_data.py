@@ -1,0 +1,419 @@
+"""Cold-start SFT data: token sequences in exactly the format the rollout engine produces.
+
+Two routes, one output format.
+
+Gold trajectories (the embedded default): for each QA row of the synthetic world, the trajectory
+of a perfect agent. One assistant turn per hop, `<think>…</think>\\n<search>query</search>`, whose
+query is the 1-hop question template of the hop's relation filled with the hop's head ("Where was
+X born?"); bridge hops are sequential (the second head is the first hop's answer); the two sides
+of a comparison are one turn each, or ONE turn `<search>q1 | q2</search>` in the multi-query
+environment (RAG-R1). After each search comes the observation the real retriever returns,
+formatted by the environment itself (`env.parse` + `env.respond`, the engine's reserved tokens),
+then the final `<think>…</think>\\n<answer>gold</answer>` and eos.
+
+Token layout: the prompt is the engine's `prompt_ids(question)`; every assistant segment and every
+observation is encoded on its own and concatenated, as the engine does, so the ids (not just the
+text) equal what the engine would produce for a policy that emitted those segments. The mask is
+the engine's loss mask: 1 on generated tokens, 0 on prompt and observations.
+
+One deliberate difference: the rollout engine stops a turn at `</answer>` (a stop tag), so its
+trajectories end there; the SFT sequences append the tokenizer's eos (`<|im_end|>` for ChatML,
+mask 1), as a chat-formatted assistant message ends. A fine-tuned model then also stops cleanly
+under plain chat generation; under the engine nothing changes (it stops at `</answer>` first).
+
+Which gold trajectories are kept (`require_support=True`, the default): only those where every
+hop's supporting passage is among that query's top-k. A trajectory whose observations lack the
+evidence would teach the model to state the answer without support, i.e. to ignore retrieval;
+dropping it costs data, not honesty, and the kept share is reported. Rows are also dropped when
+they would not fit the rollout budgets unchanged (the engine would cut or force them): more
+search turns than `max_turns - 1`, a turn longer than `max_turn_tokens`, an observation longer
+than `max_obs_tokens`, or a sequence over `max_response_tokens` / `max_context_tokens`.
+
+Teacher trajectories (paper scale): rollouts of a stronger model behind an OpenAI-compatible
+endpoint (`OpenAICompletionsGenerator`), kept only when the extracted answer is an exact match
+with a gold answer (and, by default, the response is well formed). The engine's tokenizer must be
+the student's: the generator exchanges token ids, so the teacher must share the vocabulary (same
+model family), which is how R1-style cold starts are usually distilled.
+
+Output parquet (`write_sft_parquet`): id string, input_ids list<int32>, assistant_masks list<int8>,
+num_turns int32, text string (the decoded sequence, special tokens kept, for inspection).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragrl.agent.protocol import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    SEARCH_CLOSE,
+    SEARCH_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    observation,
+)
+from ragrl.agent.rollout import RolloutEngine
+from ragrl.io import write_json, write_parquet
+from ragrl.rewards.qa import exact_match, format_reward
+from ragrl.toy.relations import RELATION_BY_KEY
+
+SFT_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("input_ids", pa.list_(pa.int32())),
+    ("assistant_masks", pa.list_(pa.int8())),
+    ("num_turns", pa.int32()),
+    ("text", pa.string()),
+])
+
+
+@dataclass
+class SFTDataStats:
+    """What went in and what came out; `dropped` counts rows per reason."""
+
+    source: str
+    total: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+
+    @property
+    def kept_share(self) -> float:
+        return self.kept / self.total if self.total else 0.0
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "total": self.total, "kept": self.kept,
+                "kept_share": round(self.kept_share, 6), "dropped": dict(sorted(self.dropped.items()))}
+
+
+# --------------------------------------------------------------------------- gold plans
+
+
+@dataclass(frozen=True)
+class Hop:
+    head: str
+    relation: str
+    tail: str
+    query: str
+    passage: str | None  # the supporting passage id, when known
+
+
+@dataclass(frozen=True)
+class GoldPlan:
+    """What a perfect agent does for one row: search turns (each a list of hop indices), then answer."""
+
+    row_id: str
+    question: str
+    answer: str
+    hops: tuple[Hop, ...]
+    turns: tuple[tuple[int, ...], ...]
+
+
+def plan_row(row: dict, multi_query: bool, max_queries: int = 1, seed: int = 0) -> GoldPlan:
+    meta = json.loads(row["metadata"]) if isinstance(row["metadata"], str) else dict(row["metadata"])
+    raw_hops = meta["hops"]
+    supporting = list(row.get("supporting_ids") or [])
+    # The world lists one supporting passage per hop (the hop head's passage), in hop order.
+    aligned = len(supporting) == len(raw_hops)
+    hops = tuple(
+        Hop(head, rel, str(tail), hop_query(rel, head, f"{row['id']}:{i}", seed), supporting[i] if aligned else None)
+        for i, (head, rel, tail) in enumerate(raw_hops)
+    )
+    parallel = meta.get("type") == "comparison" and multi_query and max_queries >= len(hops)
+    turns = (tuple(range(len(hops))),) if parallel else tuple((i,) for i in range(len(hops)))
+    golds = list(row["golden_answers"])
+    return GoldPlan(row["id"], row["question"], golds[0] if golds else "", hops, turns)
+
+
+def hop_query(relation: str, head: str, key: str, seed: int = 0) -> str:
+    """One of the relation's 1-hop question templates, picked by a stable hash (varied, reproducible)."""
+    templates = RELATION_BY_KEY[relation].questions
+    return templates[zlib.crc32(f"{seed}:{key}".encode()) % len(templates)].format(h=head)
+
+
+def _fact(hop: Hop) -> str:
+    return RELATION_BY_KEY[hop.relation].sentences[0].format(h=hop.head, t=hop.tail)
+
+
+def search_text(plan: GoldPlan, turn: int) -> str:
+    hops = [plan.hops[i] for i in plan.turns[turn]]
+    known = [_fact(plan.hops[i]) for t in plan.turns[:turn] for i in t]
+    need = " and ".join(h.query for h in hops)
+    thought = f"I need to find out: {need}" if not known else f"{' '.join(known)} Next I need to find out: {need}"
+    return f"{THINK_OPEN}{thought}{THINK_CLOSE}\n{SEARCH_OPEN}{' | '.join(h.query for h in hops)}{SEARCH_CLOSE}"
+
+
+def answer_text(plan: GoldPlan) -> str:
+    facts = " ".join(_fact(h) for h in plan.hops)
+    return f"{THINK_OPEN}{facts} So the answer is {plan.answer}.{THINK_CLOSE}\n{ANSWER_OPEN}{plan.answer}{ANSWER_CLOSE}"
+
+
+# --------------------------------------------------------------------------- gold trajectories
+
+
+class _RecordingRetriever:
+    """Remembers the hits of the latest call, so the support check sees what the environment showed."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.last: list[list[dict]] = []
+
+    def search(self, queries, topk):
+        self.last = self.inner.search(queries, topk)
+        return self.last
+
+
+@dataclass
+class _Draft:
+    plan: GoldPlan
+    ids: list[int]
+    mask: list[int]
+    dropped: str | None = None
+    segments: int = 0
+
+
+def gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, *, require_support: bool = True,
+                      append_eos: bool = True, seed: int = 0) -> tuple[list[dict], SFTDataStats]:
+    """Gold SFT rows for `qa_rows` under `engine`'s prompt, environment, tokenizer and budgets.
+
+    All rows advance turn by turn, so each turn is one batched retriever call (as in a rollout).
+    The engine's generator is never called.
+    """
+    spec = engine.env.spec
+    env = copy.copy(engine.env)  # same environment, its retriever wrapped; the engine's stays untouched
+    recorder = _RecordingRetriever(engine.env.retriever)
+    env.retriever = recorder
+    stats = SFTDataStats("gold")
+    drafts = []
+    for row in qa_rows:
+        stats.total += 1
+        plan = plan_row(row, spec.multi_query, spec.max_queries, seed)
+        if not plan.answer:
+            stats.dropped["no_gold_answer"] += 1
+            continue
+        if len(plan.turns) >= engine.config.max_turns:
+            stats.dropped["too_many_turns"] += 1  # the engine would force an answer turn instead
+            continue
+        prompt = engine.prompt_ids(plan.question)
+        drafts.append(_Draft(plan, list(prompt), [0] * len(prompt)))
+
+    for turn in range(max((len(d.plan.turns) for d in drafts), default=0)):
+        active = [d for d in drafts if d.dropped is None and turn < len(d.plan.turns)]
+        if active:
+            _search_turn(active, turn, env, recorder, engine, require_support)
+    rows = []
+    for d in drafts:
+        if d.dropped is None:
+            _append_segment(d, _encode(engine, answer_text(d.plan)), engine, eos=append_eos)
+            _check_totals(d, engine)
+        if d.dropped is not None:
+            stats.dropped[d.dropped] += 1
+            continue
+        rows.append(_sft_row(d.plan.row_id, d.ids, d.mask, d.segments, engine.tokenizer))
+    stats.kept = len(rows)
+    return rows, stats
+
+
+def _search_turn(active: list[_Draft], turn: int, env, recorder: _RecordingRetriever, engine: RolloutEngine,
+                 require_support: bool) -> None:
+    actions = []
+    for d in active:
+        text = search_text(d.plan, turn)
+        actions.append(env.parse(text))
+        _append_segment(d, _encode(engine, text), engine)
+    infos = env.respond(actions, engine.reserved)
+    hits = iter(recorder.last)
+    for d, action, info in zip(active, actions, infos):
+        hop_ids = d.plan.turns[turn]
+        per_query = [next(hits) for _ in action.queries] if action.kind == "search" else []
+        if d.dropped is not None:
+            continue
+        if action.kind != "search" or len(action.queries) != len(hop_ids):
+            d.dropped = "unparsed_query"  # e.g. a name containing the query separator
+            continue
+        shown = [found[: env.topk] for found in per_query]
+        if require_support and not all(_supported(d.plan.hops[h], hits) for h, hits in zip(hop_ids, shown)):
+            d.dropped = "support_not_retrieved"
+            continue
+        obs = _encode(engine, observation(info or ""))
+        if len(obs) > engine.config.max_obs_tokens:
+            d.dropped = "observation_too_long"  # the engine would truncate it
+            continue
+        d.ids += obs
+        d.mask += [0] * len(obs)
+
+
+def _supported(hop: Hop, hits: Sequence[dict]) -> bool:
+    return hop.passage is not None and any(str(h.get("id")) == hop.passage for h in hits)
+
+
+def _append_segment(d: _Draft, ids: list[int], engine: RolloutEngine, eos: bool = False) -> None:
+    if d.dropped is not None:
+        return
+    if len(ids) > engine.config.max_turn_tokens:
+        d.dropped = "turn_too_long"
+        return
+    if eos and engine.tokenizer.eos_token_id is not None:
+        ids = ids + [int(engine.tokenizer.eos_token_id)]
+    d.ids += ids
+    d.mask += [1] * len(ids)
+    d.segments += 1
+
+
+def _check_totals(d: _Draft, engine: RolloutEngine) -> None:
+    if d.dropped is not None:
+        return
+    cfg = engine.config
+    prompt_len = d.mask.index(1) if 1 in d.mask else len(d.mask)
+    if len(d.ids) - prompt_len > cfg.max_response_tokens or len(d.ids) > cfg.max_context_tokens:
+        d.dropped = "sequence_too_long"
+
+
+def _encode(engine: RolloutEngine, text: str) -> list[int]:
+    # The engine's own encoding: no special tokens added (the chat template wrote them already).
+    return list(engine.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _sft_row(row_id: str, ids: list[int], mask: list[int], turns: int, tokenizer) -> dict:
+    return {"id": row_id, "input_ids": [int(i) for i in ids], "assistant_masks": [int(m) for m in mask],
+            "num_turns": int(turns), "text": tokenizer.decode(ids, skip_special_tokens=False)}
+
+
+# --------------------------------------------------------------------------- teacher trajectories
+
+
+def teacher_trajectories(qa_rows: Sequence[dict], engine: RolloutEngine, *, n: int = 1, seed: int | None = 0,
+                         batch_size: int = 64, max_per_question: int = 1, require_format: bool = True,
+                         append_eos: bool = True) -> tuple[list[dict], SFTDataStats]:
+    """Roll out `engine` (a teacher behind its generator) and keep the correct trajectories.
+
+    Kept: the trajectory answered, its answer is an exact match with a gold answer and, with
+    `require_format`, the whole response is well formed (`format_reward` = 1). At most
+    `max_per_question` samples per question (ids get `#k` when several are kept).
+    """
+    from ragrl.progress import progress
+
+    stats = SFTDataStats("teacher")
+    rows: list[dict] = []
+    batches = [list(qa_rows[i : i + batch_size]) for i in range(0, len(qa_rows), batch_size)]
+    for b, batch in enumerate(progress(batches, desc="teacher rollouts", unit="batch")):
+        trajs = engine.run_questions([r["question"] for r in batch], n=n,
+                                     seed=None if seed is None else seed + b)
+        kept_per_prompt: Counter = Counter()
+        for t in trajs:
+            stats.total += 1
+            row = batch[t.prompt_index]
+            reason = _teacher_reject(t, row, engine, require_format)
+            if reason is None and kept_per_prompt[t.prompt_index] >= max_per_question:
+                reason = "over_max_per_question"
+            if reason is not None:
+                stats.dropped[reason] += 1
+                continue
+            k = kept_per_prompt[t.prompt_index]
+            kept_per_prompt[t.prompt_index] += 1
+            ids, mask = list(t.prompt_ids) + list(t.response_ids), [0] * len(t.prompt_ids) + list(t.loss_mask)
+            eos = engine.tokenizer.eos_token_id
+            if append_eos and eos is not None and ids[-1] != eos:
+                ids, mask = ids + [int(eos)], mask + [1]
+            rows.append(_sft_row(row["id"] if k == 0 else f"{row['id']}#{k}", ids, mask, len(t.actions),
+                                 engine.tokenizer))
+    stats.kept = len(rows)
+    return rows, stats
+
+
+def _teacher_reject(t, row: dict, engine: RolloutEngine, require_format: bool) -> str | None:
+    if not t.finished or t.answer is None:
+        return "no_answer"
+    if exact_match(t.answer, row["golden_answers"]) < 1.0:
+        return "wrong_answer"
+    if require_format and format_reward(t.response_text, engine.env.name) < 1.0:
+        return "bad_format"
+    return None
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_qa_rows(path: str | Path, limit: int | None = None) -> list[dict]:
+    rows = pq.read_table(path).to_pylist()
+    return rows if limit is None else rows[:limit]
+
+
+def write_sft_parquet(rows: Sequence[dict], path: str | Path) -> None:
+    write_parquet(pa.Table.from_pylist(list(rows), schema=SFT_SCHEMA), path)
+
+
+def write_sft_data(rows: Sequence[dict], stats: SFTDataStats, path: str | Path) -> Path:
+    """The parquet at `path`, and its stats (kept share, drop reasons) next to it as `<name>.stats.json`."""
+    path = Path(path)
+    if not rows:
+        raise ValueError(f"no SFT trajectories to write to {path} ({stats.to_dict()})")
+    write_sft_parquet(rows, path)
+    stats_path = path.with_name(path.name.removesuffix(".parquet") + ".stats.json")
+    write_json(stats.to_dict(), stats_path)
+    return stats_path
+
+
+# --------------------------------------------------------------------------- stages (what the CLI calls)
+
+
+def _data_engine(model_dir: str | Path, env_name: str, retriever, generator, rollout_cfg, topk: int,
+                 max_queries: int) -> RolloutEngine:
+    import transformers
+
+    from ragrl.agent.environments import make_environment
+    from ragrl.agent.retriever_adapter import AgentRetriever
+    from ragrl.agent.rollout import RolloutConfig
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    env = make_environment(env_name, AgentRetriever(retriever), topk=topk, max_queries=max_queries)
+    return RolloutEngine(generator, tokenizer, env, rollout_cfg or RolloutConfig())
+
+
+def gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env_name: str, retriever, out: str | Path, *,
+                   rollout_cfg=None, topk: int = 3, max_queries: int = 3, limit: int | None = None,
+                   require_support: bool = True, seed: int = 0) -> dict:
+    """Gold trajectories for the rows of `qa_parquet`, tokenized with the policy's tokenizer (`model_dir`).
+
+    `retriever`: a `Searcher`, `RetrievalClient` or anything with `search(queries, topk)`; the
+    environment and budgets must be the ones RL and evaluation use, or the format drifts.
+    """
+    engine = _data_engine(model_dir, env_name, retriever, None, rollout_cfg, topk, max_queries)
+    rows, stats = gold_trajectories(read_qa_rows(qa_parquet, limit), engine, require_support=require_support,
+                                    seed=seed)
+    write_sft_data(rows, stats, out)
+    _report(stats, out)
+    return stats.to_dict()
+
+
+def teacher_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env_name: str, retriever, out: str | Path, *,
+                      base_url: str, teacher_model: str, api_key: str | None = None, rollout_cfg=None,
+                      topk: int = 3, max_queries: int = 3, limit: int | None = None, n: int = 1,
+                      max_per_question: int = 1, batch_size: int = 64, seed: int | None = 0) -> dict:
+    """Teacher trajectories from an OpenAI-compatible server (vLLM) serving `teacher_model`, kept when right."""
+    from ragrl.agent.generation import OpenAICompletionsGenerator
+
+    teacher = OpenAICompletionsGenerator(base_url, teacher_model, api_key=api_key)
+    try:
+        engine = _data_engine(model_dir, env_name, retriever, teacher, rollout_cfg, topk, max_queries)
+        rows, stats = teacher_trajectories(read_qa_rows(qa_parquet, limit), engine, n=n, seed=seed,
+                                           batch_size=batch_size, max_per_question=max_per_question)
+    finally:
+        teacher.close()
+    write_sft_data(rows, stats, out)
+    _report(stats, out)
+    return stats.to_dict()
+
+
+def _report(stats: SFTDataStats, out) -> None:
+    import sys
+
+    print(f"[sft-data] {stats.source}: kept {stats.kept}/{stats.total} ({100 * stats.kept_share:.1f}%), "
+          f"dropped {dict(stats.dropped)} -> {out}", file=sys.stderr, flush=True)

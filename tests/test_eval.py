@@ -1,0 +1,169 @@
+"""evaluate(): one prediction row per question, hand-checked metrics, metrics.json = column means."""
+
+from __future__ import annotations
+
+import os
+
+# Before transformers is imported: huggingface_hub reads it once, and nothing here may touch the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import json
+import math
+import re
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import transformers
+
+from ragrl.agent.rollout import RolloutConfig
+from ragrl.eval.evaluate import METRIC_COLUMNS, NO_SEARCH_INSTRUCTION, PREDICTION_SCHEMA, evaluate
+from ragrl.retrieval.searcher import load_searcher
+from ragrl.retrieval.sparse import build_bm25
+from ragrl.toy.tiny_model import TinyModelSpec, build_tiny
+from ragrl.toy.world import generate_world, world_text, write_world
+
+SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    world = generate_world(3, 30)
+    write_world(world, root / "world")
+    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    build_bm25(root / "world" / "passages.parquet", root / "bm25")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield SimpleNamespace(root=root, world=world, model_dir=model_dir,
+                          tok=transformers.AutoTokenizer.from_pretrained(model_dir),
+                          searcher=load_searcher(bm25_dir=root / "bm25"))  # returns Hit objects, not dicts
+    torch.set_num_threads(threads)
+
+
+class ScriptedPolicy:
+    """Answers by script: `script(question, response_so_far) -> text`, encoded with the real tokenizer."""
+
+    def __init__(self, tok, script):
+        self.tok = tok
+        self.script = script
+        self.prompts: list[str] = []
+
+    def generate(self, batch, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *,
+                 stop_token_ids=(), stop_strings=()):
+        assert temperature == 0.0  # evaluation decodes greedily by default
+        out = []
+        for ids in batch:
+            context = self.tok.decode(ids)
+            prompt, response = context.rsplit("<|im_start|>assistant\n", 1)
+            self.prompts.append(prompt)
+            question = re.search(r"Question: (.*?)\n", prompt).group(1)
+            out.append(self.tok.encode(self.script(question, response), add_special_tokens=False))
+        return out
+
+
+def _qa(tiny, golds: list[list[str]]):
+    """A QA parquet with the world's first questions and hand-chosen gold answers."""
+    rows = tiny.world.qa["test"][: len(golds)]
+    path = tiny.root / f"qa_{len(golds)}.parquet"
+    table = pa.table({"id": [r["id"] for r in rows], "question": [r["question"] for r in rows],
+                      "golden_answers": golds, "metadata": [r["metadata"] for r in rows]})
+    pq.write_table(table, path)
+    return path, [r["question"] for r in rows]
+
+
+def _read(out_dir):
+    return pq.read_table(out_dir / "predictions.parquet"), json.loads((out_dir / "metrics.json").read_text())
+
+
+def test_metrics_by_hand(tiny, tmp_path):
+    path, questions = _qa(tiny, [["Port Velmar"], ["Ada Lovelace", "Ada"], ["1974"], ["The Beatles"]])
+    q0, q1, q2, q3 = questions
+
+    def script(question, response):
+        if question == q0:  # search once, then answer in other case/punctuation
+            if "</information>" not in response:
+                return "<think>look it up</think>\n<search>capital of Velmar</search>"
+            return "<think>found</think>\n<answer>port velmar.</answer>"
+        if question == q1:
+            return "<think>sure</think>\n<answer>Ada Byron Lovelace</answer>"
+        if question == q2:
+            return "I do not know"  # no action, every turn; the forced turn cannot be closed either
+        return "<think>sure</think><answer>Beatles</answer>"
+
+    policy = ScriptedPolicy(tiny.tok, script)
+    cfg = RolloutConfig(max_turns=2, max_turn_tokens=64)  # temperature 1.0: evaluate() makes it greedy
+    metrics = evaluate(None, path, "search", tiny.searcher, tmp_path / "out", run_id="r1", dataset="toy",
+                       rollout_cfg=cfg, batch_size=3, generator=policy, tokenizer=tiny.tok)
+    table, written = _read(tmp_path / "out")
+    assert written == metrics and written["run_id"] == "r1" and written["dataset"] == "toy" and written["n"] == 4
+    assert table.schema.equals(PREDICTION_SCHEMA)
+    p = {r["question"]: r for r in table.to_pylist()}
+    assert [r["id"] for r in table.to_pylist()] == [r["id"] for r in tiny.world.qa["test"][:4]]
+
+    # q0: normalised exact match after one search.
+    assert (p[q0]["em"], p[q0]["f1"], p[q0]["cover_em"], p[q0]["format"]) == (1.0, 1.0, 1.0, 1.0)
+    assert p[q0]["prediction"] == "port velmar." and p[q0]["turns"] == 2 and p[q0]["searches"] == 1
+    assert p[q0]["queries"] == ["capital of Velmar"] and p[q0]["observation_tokens"] > 0
+    # q1: "ada byron lovelace" vs "ada lovelace": P = 2/3, R = 1, F1 = 0.8 (vs "ada": 0.5; the best counts);
+    # not an exact match, but the gold "ada" occurs in it.
+    assert (p[q1]["em"], p[q1]["f1"], p[q1]["cover_em"]) == (0.0, pytest.approx(0.8), 1.0)
+    assert p[q1]["turns"] == 1 and p[q1]["searches"] == 0 and p[q1]["queries"] == []
+    # q2: never answers; two invalid tool turns and the forced one.
+    assert p[q2]["prediction"] == "" and p[q2]["stop_reason"] == "no_answer"
+    assert (p[q2]["em"], p[q2]["f1"], p[q2]["cover_em"], p[q2]["format"]) == (0.0, 0.0, 0.0, 0.0)
+    assert p[q2]["turns"] == 3 and p[q2]["searches"] == 0
+    # q3: the article is dropped by normalisation; no newline between think and answer is still well formed.
+    assert (p[q3]["em"], p[q3]["f1"], p[q3]["format"]) == (1.0, 1.0, 1.0)
+
+    m = written["metrics"]
+    assert set(m) == set(METRIC_COLUMNS)
+    assert m["em"] == pytest.approx(0.5) and m["f1"] == pytest.approx((1 + 0.8 + 0 + 1) / 4)
+    assert m["turns"] == pytest.approx((2 + 1 + 3 + 1) / 4) and m["searches"] == pytest.approx(0.25)
+    for key in METRIC_COLUMNS:
+        column = table.column(key).to_pylist()
+        assert m[key] == pytest.approx(math.fsum(column) / len(column))
+    assert all(r["generated_tokens"] > 0 and r["latency_s"] >= 0 for r in table.to_pylist())
+
+
+def test_no_retrieval_baseline_answers_at_once(tiny, tmp_path):
+    path, questions = _qa(tiny, [["a"], ["b"]])
+
+    def script(question, response):
+        if question == questions[0]:
+            return "<think>from memory</think>\n<answer>a</answer>"
+        return "<think>hmm</think>\n<search>something</search>"
+
+    policy = ScriptedPolicy(tiny.tok, script)
+    metrics = evaluate(None, path, "none", None, tmp_path / "none", run_id="r1", dataset="toy",
+                       generator=policy, tokenizer=tiny.tok)
+    rows = pq.read_table(tmp_path / "none" / "predictions.parquet").to_pylist()
+    assert len(policy.prompts) == 2  # one turn each, no observations
+    assert all("search" not in prompt and NO_SEARCH_INSTRUCTION.split(".")[0] in prompt for prompt in policy.prompts)
+    assert [(r["em"], r["format"], r["turns"], r["searches"], r["queries"]) for r in rows] == [
+        (1.0, 1.0, 1, 0, []), (0.0, 0.0, 1, 0, [])]
+    assert rows[1]["prediction"] == "" and rows[1]["observation_tokens"] == 0
+    assert metrics["metrics"]["em"] == 0.5 and metrics["metrics"]["searches"] == 0.0
+    with pytest.raises(ValueError, match="needs a retriever"):
+        evaluate(None, path, "search", None, tmp_path / "x", run_id="r", dataset="d",
+                 generator=policy, tokenizer=tiny.tok)
+
+
+def test_evaluate_a_saved_model_greedily(tiny, tmp_path):
+    qa = tiny.root / "world" / "qa" / "test.parquet"
+    cfg = RolloutConfig(max_turns=1, max_turn_tokens=12, max_obs_tokens=256)
+    runs = []
+    for name in ("a", "b"):
+        evaluate(tiny.model_dir, qa, "multi_query_search", tiny.searcher, tmp_path / name, run_id="tiny",
+                 dataset="toy_test", rollout_cfg=cfg, batch_size=2, max_questions=3, dtype="float32")
+        runs.append(_read(tmp_path / name))
+    (table, metrics), (again, _) = runs
+    assert table.num_rows == metrics["n"] == 3
+    assert table.column("id").to_pylist() == pq.read_table(qa).column("id").to_pylist()[:3]
+    assert all(1 <= t <= 2 for t in table.column("turns").to_pylist())
+    # Greedy decoding: the same model gives the same responses.
+    assert table.column("response").to_pylist() == again.column("response").to_pylist()
+    for key in METRIC_COLUMNS:
+        assert metrics["metrics"][key] == pytest.approx(sum(table.column(key).to_pylist()) / 3)

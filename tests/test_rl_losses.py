@@ -1,0 +1,294 @@
+"""Loss terms and advantages against independent loop-based computations (pure Python / math)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragrl.train import advantages as A
+from ragrl.train import losses as L
+
+# --- fixed small inputs ------------------------------------------------------------------------
+
+B, T, V = 3, 4, 5
+GEN = torch.Generator().manual_seed(1234)
+LOGITS = torch.randn(B, T, V, generator=GEN, dtype=torch.float64) * 2
+LABELS = torch.randint(0, V, (B, T), generator=GEN)
+# Row 1 has an observation gap; row 2 is entirely masked (e.g. an empty response).
+MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 1], [0, 0, 0, 0]], dtype=torch.float64)
+LOGP = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.5, -2.5, -0.7], [-1.1, -0.4, -0.9, -2.2]], dtype=torch.float64)
+# Old log-probs chosen so the ratios straddle both clip edges: exp(0.5)=1.65, exp(-0.5)=0.61, ~1.
+OLD = LOGP - torch.tensor([[0.5, -0.5, 0.05, 0.3], [-0.4, 0.0, 0.6, 0.1], [0.2, -0.2, 0.0, 0.9]], dtype=torch.float64)
+ADV = torch.tensor([[1.0, 1.0, -1.0, 2.0], [-1.0, 0.5, 1.0, -2.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+REF = LOGP + torch.tensor([[0.3, -0.2, 0.0, 1.0], [0.1, 0.5, -0.5, -0.3], [0.0, 0.0, 0.2, 0.4]], dtype=torch.float64)
+
+
+def _rows(x):
+    return x.tolist()
+
+
+def loop_logprob(logits_row, label, temperature=1.0):
+    z = [v / temperature for v in logits_row]
+    m = max(z)
+    return z[label] - (m + math.log(sum(math.exp(v - m) for v in z)))
+
+
+def loop_entropy(logits_row):
+    m = max(logits_row)
+    s = sum(math.exp(v - m) for v in logits_row)
+    p = [math.exp(v - m) / s for v in logits_row]
+    return -sum(pi * math.log(pi) for pi in p)
+
+
+def loop_pg(logp, old, adv, lo, hi):
+    r = math.exp(logp - old)
+    return -min(r * adv, min(max(r, 1 - lo), 1 + hi) * adv)
+
+
+def loop_k3(logp, ref):
+    d = ref - logp
+    return math.exp(d) - d - 1
+
+
+def loop_aggregate(values, mask, mode, max_len=None):
+    rows = len(values)
+    if mode == "token-mean":
+        num = sum(v * m for vr, mr in zip(values, mask) for v, m in zip(vr, mr))
+        den = sum(m for mr in mask for m in mr)
+        return num / max(den, 1)
+    if mode == "grpo":
+        seq_means = []
+        for vr, mr in zip(values, mask):
+            n = sum(mr)
+            if n:
+                seq_means.append(sum(v * m for v, m in zip(vr, mr)) / n)
+        return sum(seq_means) / max(len(seq_means), 1)
+    if mode == "dr_grpo":
+        num = sum(v * m for vr, mr in zip(values, mask) for v, m in zip(vr, mr))
+        return num / (rows * (max_len if max_len is not None else len(values[0])))
+    raise AssertionError(mode)
+
+
+# --- token log-probs, entropy, KL --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_match_loop(temperature):
+    got = L.token_logprobs(LOGITS, LABELS, temperature)
+    for b in range(B):
+        for t in range(T):
+            want = loop_logprob(LOGITS[b, t].tolist(), int(LABELS[b, t]), temperature)
+            assert got[b, t].item() == pytest.approx(want, abs=1e-6)
+
+
+def test_token_logprobs_stable_for_huge_logits():
+    logits = torch.tensor([[[1000.0, 0.0, -1000.0]]])
+    got = L.token_logprobs(logits, torch.tensor([[1]]))
+    assert torch.isfinite(got).all()
+    assert got.item() == pytest.approx(-1000.0)
+
+
+def test_entropy_matches_loop():
+    got = L.entropy_from_logits(LOGITS)
+    for b in range(B):
+        for t in range(T):
+            assert got[b, t].item() == pytest.approx(loop_entropy(LOGITS[b, t].tolist()), abs=1e-6)
+
+
+def test_k3_matches_formula_and_is_nonnegative():
+    got = L.kl_k3(LOGP, REF)
+    for b in range(B):
+        for t in range(T):
+            assert got[b, t].item() == pytest.approx(loop_k3(LOGP[b, t].item(), REF[b, t].item()), abs=1e-12)
+    assert (got >= 0).all()
+    assert L.kl_k3(LOGP, LOGP).abs().max().item() == 0.0
+
+
+# --- PPO clip ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0.2, 0.2), (0.2, 0.28)])
+def test_ppo_clip_matches_loop(lo, hi):
+    got, clipped = L.ppo_clip_per_token(LOGP, OLD, ADV, lo, hi)
+    n_clipped = 0
+    for b in range(B):
+        for t in range(T):
+            want = loop_pg(LOGP[b, t].item(), OLD[b, t].item(), ADV[b, t].item(), lo, hi)
+            assert got[b, t].item() == pytest.approx(want, abs=1e-12)
+            n_clipped += int(clipped[b, t].item())
+    # Ratio 1.65 with A>0 and 0.61 with A<0 are clipped; the fixture must exercise both branches.
+    assert 0 < n_clipped < B * T
+
+
+def test_clipped_tokens_get_no_gradient():
+    # ratio e^0.5 > 1 + 0.2 with positive advantage: the objective is flat there.
+    logp = torch.tensor([[0.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-0.5, 0.0]])
+    loss, _ = L.ppo_clip_per_token(logp, old, torch.tensor([[1.0, 1.0]]), 0.2, 0.2)
+    loss.sum().backward()
+    assert logp.grad[0, 0].item() == 0.0
+    assert logp.grad[0, 1].item() == pytest.approx(-1.0)
+
+
+# --- aggregation -------------------------------------------------------------------------------
+
+# 100 marks values that sit under mask 0 and must not count.
+VALUES = torch.tensor(
+    [[1.0, 2.0, 3.0, 100.0], [4.0, 100.0, 100.0, 6.0], [100.0, 100.0, 100.0, 100.0]], dtype=torch.float64
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "want"),
+    [
+        ("token-mean", (1 + 2 + 3 + 4 + 6) / 5),  # 3.2
+        ("grpo", ((1 + 2 + 3) / 3 + (4 + 6) / 2) / 2),  # 3.5: the empty row is left out
+        ("dr_grpo", (1 + 2 + 3 + 4 + 6) / (3 * 4)),
+    ],
+)
+def test_aggregate_hand_values(mode, want):
+    assert L.aggregate(VALUES, MASK, mode).item() == pytest.approx(want)
+    assert loop_aggregate(_rows(VALUES), _rows(MASK), mode) == pytest.approx(want)
+
+
+def test_dr_grpo_uses_the_constant_not_the_padded_width():
+    assert L.aggregate(VALUES, MASK, "dr_grpo", max_response_len=10).item() == pytest.approx(16 / 30)
+
+
+def test_aggregate_ignores_nonfinite_values_under_the_mask():
+    values = VALUES.clone()
+    values[2, 0] = float("inf")
+    values[1, 1] = float("nan")
+    for mode in L.LOSS_AGG_MODES:
+        assert torch.isfinite(L.aggregate(values, MASK, mode))
+
+
+@pytest.mark.parametrize("mode", L.LOSS_AGG_MODES)
+def test_split_batch_with_shared_denominator_equals_whole_batch(mode):
+    # What the trainer relies on for micro-batching: micro losses with the batch's denominator sum to the batch loss.
+    whole = L.aggregate(VALUES, MASK, mode, max_response_len=6)
+    den = L.default_denominator(MASK, mode, max_response_len=6)
+    parts = sum(L.aggregate(VALUES[rows], MASK[rows], mode, 6, den) for rows in (slice(0, 1), slice(1, 3)))
+    assert parts.item() == pytest.approx(whole.item())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.lists(
+        st.lists(st.tuples(st.floats(-5, 5), st.integers(0, 1)), min_size=3, max_size=3), min_size=1, max_size=4
+    ),
+    mode=st.sampled_from(L.LOSS_AGG_MODES),
+)
+def test_aggregate_matches_loop_property(data, mode):
+    values = [[v for v, _ in row] for row in data]
+    mask = [[m for _, m in row] for row in data]
+    got = L.aggregate(torch.tensor(values, dtype=torch.float64), torch.tensor(mask, dtype=torch.float64), mode)
+    assert got.item() == pytest.approx(loop_aggregate(values, mask, mode), abs=1e-9)
+
+
+@pytest.mark.parametrize("mode", L.LOSS_AGG_MODES)
+def test_policy_loss_matches_loop(mode):
+    lo, hi, beta = 0.2, 0.28, 0.1
+    loss, stats = L.policy_loss(
+        LOGP, OLD, ADV, MASK, clip_low=lo, clip_high=hi, loss_agg=mode, ref_logp=REF, kl_coef=beta
+    )
+    def token_loss(b, t):
+        logp, old, adv, ref = LOGP[b, t].item(), OLD[b, t].item(), ADV[b, t].item(), REF[b, t].item()
+        return loop_pg(logp, old, adv, lo, hi) + beta * loop_k3(logp, ref)
+
+    per_token = [[token_loss(b, t) for t in range(T)] for b in range(B)]
+    assert loss.item() == pytest.approx(loop_aggregate(per_token, _rows(MASK), mode), abs=1e-12)
+    kl_tokens = [[loop_k3(LOGP[b, t].item(), REF[b, t].item()) for t in range(T)] for b in range(B)]
+    assert stats["kl"].item() == pytest.approx(loop_aggregate(kl_tokens, _rows(MASK), "token-mean"), abs=1e-12)
+
+
+def test_policy_loss_without_kl_ignores_reference():
+    a, _ = L.policy_loss(LOGP, OLD, ADV, MASK, clip_low=0.2, clip_high=0.2, loss_agg="token-mean")
+    b, stats = L.policy_loss(
+        LOGP, OLD, ADV, MASK, clip_low=0.2, clip_high=0.2, loss_agg="token-mean", ref_logp=REF, kl_coef=0.0
+    )
+    assert a.item() == b.item()
+    assert "kl" not in stats
+
+
+@pytest.mark.parametrize("mode", L.LOSS_AGG_MODES)
+def test_masked_tokens_get_zero_gradient(mode):
+    logits = LOGITS.clone().requires_grad_(True)
+    logp = L.token_logprobs(logits, LABELS)
+    loss, _ = L.policy_loss(
+        logp, OLD, ADV, MASK, clip_low=0.2, clip_high=0.2, loss_agg=mode, ref_logp=REF, kl_coef=0.1
+    )
+    loss.backward()
+    per_position = logits.grad.abs().sum(-1)
+    assert (per_position[MASK == 0] == 0).all()
+    # Some unmasked, unclipped positions must receive gradient, or the check above proves nothing.
+    assert (per_position[MASK == 1] > 0).sum() >= 3
+
+
+# --- advantages --------------------------------------------------------------------------------
+
+
+def test_group_advantages_hand_example():
+    # group 0: rewards 1,0,0,0 -> mean .25, unbiased std .5 -> 1.5, -.5, -.5, -.5; interleaved with group 1.
+    rewards = [1.0, 0.0, 0.3, 0.0, 0.7, 0.0]
+    groups = [0, 0, 1, 0, 1, 0]
+    got = A.group_advantages(rewards, groups)
+    want = [1.5, -0.5, -1 / math.sqrt(0.08) * 0.2, -0.5, 1 / math.sqrt(0.08) * 0.2, -0.5]
+    assert got.tolist() == pytest.approx(want, rel=1e-5)
+
+
+def test_group_advantages_dr_grpo_does_not_scale():
+    got = A.group_advantages([1.0, 0.0, 0.0, 0.0], [0, 0, 0, 0], scale_by_std=False)
+    assert got.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+def test_group_advantages_degenerate_groups_are_zero():
+    got = A.group_advantages([1.0, 1.0, 1.0, 0.4], [0, 0, 0, 1])
+    assert got.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_batch_advantages():
+    got = A.batch_advantages([1.0, 0.0], mean=0.5, std=0.5, eps=0.0)
+    assert got.tolist() == pytest.approx([1.0, -1.0])
+
+
+def test_turn_level_two_turn_example():
+    # One group, two samples, two turns each. Pooled turn rewards [1, 1, 1, 0]: mean .75, std .5
+    # -> turn advantages [.5, .5] and [.5, -1.5]. Global rewards 1 and 0: +-1/sqrt(2).
+    turn_rewards = [[1.0, 1.0], [1.0, 0.0]]
+    turn_adv = A.turn_advantages(turn_rewards, [0, 0])
+    assert turn_adv[0] == pytest.approx([0.5, 0.5], rel=1e-5)
+    assert turn_adv[1] == pytest.approx([0.5, -1.5], rel=1e-5)
+
+    seq_adv = A.group_advantages([1.0, 0.0], [0, 0])
+    g = 1 / math.sqrt(2)
+    assert seq_adv.tolist() == pytest.approx([g, -g], rel=1e-5)
+
+    # turn 0 = 2 tokens, an observation token (mask 0), turn 1 = 2 tokens; then padding.
+    turn_index = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 0]])
+    mask = torch.tensor([[1, 1, 0, 1, 1, 0], [1, 1, 0, 1, 1, 0]])
+    w = 0.5
+    got = A.token_advantages(seq_adv, mask, turn_index, turn_adv, w)
+    want = [
+        [w * 0.5 + g, w * 0.5 + g, 0.0, w * 0.5 + g, w * 0.5 + g, 0.0],
+        [w * 0.5 - g, w * 0.5 - g, 0.0, w * -1.5 - g, w * -1.5 - g, 0.0],
+    ]
+    for got_row, want_row in zip(got.tolist(), want):
+        assert got_row == pytest.approx(want_row, rel=1e-5, abs=1e-6)
+
+
+def test_token_advantages_without_turns_broadcast_and_mask():
+    got = A.token_advantages(torch.tensor([2.0, -1.0]), torch.tensor([[1, 0, 1], [0, 1, 0]]))
+    assert got.tolist() == [[2.0, 0.0, 2.0], [0.0, -1.0, 0.0]]
+
+
+def test_samples_without_turn_rewards_get_only_global_part():
+    turn_adv = A.turn_advantages([[1.0, 0.0], None], [0, 0])
+    assert turn_adv[1] == []
+    got = A.token_advantages(torch.tensor([1.0, -1.0]), torch.ones(2, 2), torch.tensor([[0, 1], [0, 1]]), turn_adv, 1.0)
+    assert got[1].tolist() == [-1.0, -1.0]
+    assert got[0].tolist() == pytest.approx([1.0 + 1 / math.sqrt(2), 1.0 - 1 / math.sqrt(2)], rel=1e-5)

@@ -1,0 +1,334 @@
+"""Cold-start SFT: gold and teacher trajectories, TRL's loss mask, training, LoRA merge.
+
+Everything runs on a tiny synthetic world, a tiny Qwen2-style model and a real BM25 index over
+the world's passages, so the token sequences are the ones the rollout engine really produces.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before transformers is imported: huggingface_hub reads it once, and nothing here may touch the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import http.server
+import json
+import re
+import threading
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import transformers
+
+from ragrl.agent.environments import make_environment
+from ragrl.agent.generation import OpenAICompletionsGenerator
+from ragrl.agent.retriever_adapter import AgentRetriever
+from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+from ragrl.retrieval.searcher import load_searcher
+from ragrl.retrieval.sparse import build_bm25
+from ragrl.toy.tiny_model import TinyModelSpec, build_tiny
+from ragrl.toy.world import generate_world, world_text, write_world
+from ragrl.train.merge import merge_lora
+from ragrl.train.sft import SFTArgs, build_trainer, train_sft
+from ragrl.train.sft_data import (
+    SFT_SCHEMA,
+    gold_sft_stage,
+    gold_trajectories,
+    plan_row,
+    teacher_trajectories,
+)
+
+SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
+# Room for two queries' worth of passages in one multi-query observation.
+CFG = RolloutConfig(max_turns=4, max_obs_tokens=1024, max_response_tokens=4096, max_turn_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sft")
+    world = generate_world(3, 30)
+    write_world(world, root / "world")
+    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    build_bm25(root / "world" / "passages.parquet", root / "bm25")
+    # One intra-op thread: the model is tiny, and a shared 2-core machine punishes a second one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield SimpleNamespace(root=root, world=world, model_dir=model_dir, rows=world.qa["train"],
+                          tok=transformers.AutoTokenizer.from_pretrained(model_dir),
+                          retriever=AgentRetriever(load_searcher(bm25_dir=root / "bm25")))
+    torch.set_num_threads(threads)
+
+
+def _engine(tiny, env_name="search", generator=None, cfg=CFG, retriever=None):
+    env = make_environment(env_name, retriever or tiny.retriever, topk=3, max_queries=3)
+    return RolloutEngine(generator, tiny.tok, env, cfg)
+
+
+@pytest.fixture(scope="module")
+def gold_parquet(tiny):
+    # The stage entry point, with the searcher itself (it returns `Hit`s, adapted inside).
+    path = tiny.root / "gold.parquet"
+    gold_sft_stage(tiny.root / "world" / "qa" / "train.parquet", tiny.model_dir, "search",
+                   load_searcher(bm25_dir=tiny.root / "bm25"), path, rollout_cfg=CFG, limit=24)
+    return path
+
+
+def _types(rows):
+    return {json.loads(r["metadata"])["type"] for r in rows}
+
+
+# --------------------------------------------------------------------------- gold trajectories
+
+
+class SegmentGenerator:
+    """Replays gold assistant segments: the context so far selects the next mask-1 run of ids."""
+
+    def __init__(self, gold_rows):
+        self.next = {}
+        for row in gold_rows:
+            ids, mask = row["input_ids"], row["assistant_masks"]
+            i = 0
+            while i < len(ids):
+                if mask[i] != 1:
+                    i += 1
+                    continue
+                j = i
+                while j < len(ids) and mask[j] == 1:
+                    j += 1
+                self.next[tuple(ids[:i])] = ids[i:j]
+                i = j
+
+    def generate(self, batch, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *,
+                 stop_token_ids=(), stop_strings=()):
+        return [self.next[tuple(ids)] for ids in batch]
+
+
+def test_gold_plan_follows_the_hops(tiny):
+    by_type = {}
+    for row in tiny.rows:
+        by_type.setdefault(json.loads(row["metadata"])["type"], row)
+    assert set(by_type) == {"1hop", "bridge", "comparison"}
+    bridge = plan_row(by_type["bridge"], multi_query=False)
+    (h0, r0, t0), (h1, _, _) = json.loads(by_type["bridge"]["metadata"])["hops"]
+    assert bridge.turns == ((0,), (1,)) and h1 == t0
+    assert h0 in bridge.hops[0].query and h1 in bridge.hops[1].query
+    assert bridge.hops[0].query.endswith("?") and bridge.hops[1].passage == by_type["bridge"]["supporting_ids"][1]
+    assert plan_row(by_type["bridge"], multi_query=True, max_queries=3).turns == ((0,), (1,))  # still sequential
+    assert plan_row(by_type["comparison"], multi_query=False).turns == ((0,), (1,))
+    assert plan_row(by_type["comparison"], multi_query=True, max_queries=3).turns == ((0, 1),)
+    assert plan_row(by_type["comparison"], multi_query=True, max_queries=1).turns == ((0,), (1,))
+
+
+@pytest.mark.parametrize("env_name", ["search", "multi_query_search"])
+def test_gold_tokens_and_masks_equal_the_rollout_engine(tiny, env_name):
+    rows = tiny.rows[:30]
+    gold, stats = gold_trajectories(rows, _engine(tiny, env_name))
+    assert stats.total == 30 and stats.kept == len(gold) == 30 - sum(stats.dropped.values())
+    assert stats.kept_share >= 0.9, stats.to_dict()
+    kept = {g["id"] for g in gold}
+    assert _types([r for r in rows if r["id"] in kept]) == {"1hop", "bridge", "comparison"}
+
+    engine = _engine(tiny, env_name, SegmentGenerator(gold))
+    by_id = {r["id"]: r for r in rows}
+    trajs = engine.run_questions([by_id[g["id"]]["question"] for g in gold], n=1)
+    eos = tiny.tok.eos_token_id
+    for g, t in zip(gold, trajs):
+        # The engine stops at </answer>; the SFT sequence also ends the chat turn with eos.
+        assert g["input_ids"][-1] == eos and g["assistant_masks"][-1] == 1
+        assert t.prompt_ids + t.response_ids == g["input_ids"][:-1]
+        assert [0] * len(t.prompt_ids) + t.loss_mask == g["assistant_masks"][:-1]
+        assert t.finished and t.answer == by_id[g["id"]]["golden_answers"][0]
+        assert g["num_turns"] == len(t.actions) and g["text"] == tiny.tok.decode(g["input_ids"])
+        assert all(a["valid"] for a in t.actions)
+        hops = len(json.loads(by_id[g["id"]]["metadata"])["hops"])
+        if env_name == "multi_query_search" and json.loads(by_id[g["id"]]["metadata"])["type"] == "comparison":
+            assert t.num_searches == 1 and t.num_queries == 2 and "<search>" in g["text"] and " | " in g["text"]
+        else:
+            assert t.num_searches == t.num_queries == hops
+
+
+def test_gold_drops_rows_whose_evidence_was_not_retrieved(tiny):
+    class Distractors:
+        """Retrieves only passages that support nothing."""
+
+        def __init__(self, passages):
+            self.docs = [p for p in passages if p["source"] == "distractor"][:3]
+
+        def search(self, queries, topk):
+            hits = [{"id": d["id"], "title": d["title"], "text": d["text"]} for d in self.docs[:topk]]
+            return [hits for _ in queries]
+
+    engine = _engine(tiny, retriever=Distractors(tiny.world.passages))
+    rows, stats = gold_trajectories(tiny.rows[:10], engine)
+    assert rows == [] and stats.dropped == {"support_not_retrieved": 10}
+    rows, stats = gold_trajectories(tiny.rows[:10], engine, require_support=False)
+    assert len(rows) == 10 and stats.kept_share == 1.0
+    tight = _engine(tiny, cfg=RolloutConfig(max_turns=2, max_obs_tokens=1024, max_response_tokens=4096))
+    _, stats = gold_trajectories(tiny.rows[:30], tight)
+    two_hop = sum(len(json.loads(r["metadata"])["hops"]) >= 2 for r in tiny.rows[:30])
+    assert stats.dropped["too_many_turns"] == two_hop > 0  # two searches + answer need max_turns >= 3
+
+
+def test_sft_parquet_schema(tiny, gold_parquet):
+    table = pq.read_table(gold_parquet)
+    assert table.schema.equals(SFT_SCHEMA)
+    assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("assistant_masks").type == pa.list_(pa.int8())
+    stats = json.loads(gold_parquet.with_name("gold.stats.json").read_text())
+    assert stats["kept"] == table.num_rows and stats["total"] == 24
+
+
+# --------------------------------------------------------------------------- teacher trajectories
+
+
+class _FakeTeacher(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible completions server whose 'model' searches once, then answers: the gold
+    answer for questions in `right`, a wrong one otherwise."""
+
+    tok = None
+    right: dict[str, str] = {}
+    requests = 0
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests += 1
+        choices = []
+        for i, prompt in enumerate(body["prompt"]):
+            context = self.tok.decode(prompt)
+            question = re.search(r"Question: (.*?)\n", context).group(1)
+            if context.rsplit("<|im_start|>assistant\n", 1)[-1].count("</information>") == 0:
+                text = f"<think>Let me look it up.</think>\n<search>{question}</search>"
+            else:
+                text = f"<think>Found it.</think>\n<answer>{self.right.get(question, 'Nobody Atall')}</answer>"
+            choices.append({"index": i, "text": text, "token_ids": self.tok.encode(text, add_special_tokens=False)})
+        data = json.dumps({"choices": choices}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_teacher_trajectories_keep_only_correct_answers(tiny):
+    rows = tiny.rows[:6]
+    _FakeTeacher.tok = tiny.tok
+    _FakeTeacher.right = {r["question"]: r["golden_answers"][-1] for r in rows[::2]}  # an alias counts too
+    _FakeTeacher.requests = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeTeacher)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        teacher = OpenAICompletionsGenerator(f"http://127.0.0.1:{server.server_address[1]}", "teacher", backoff_s=0)
+        engine = _engine(tiny, generator=teacher)
+        kept, stats = teacher_trajectories(rows, engine, n=1, seed=None, batch_size=4)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _FakeTeacher.requests > 0
+    assert [k["id"] for k in kept] == [r["id"] for r in rows[::2]]
+    assert stats.total == 6 and stats.kept == 3 and stats.dropped == {"wrong_answer": 3}
+    eos = tiny.tok.eos_token_id
+    for k in kept:
+        mask, ids = k["assistant_masks"], k["input_ids"]
+        assert ids[-1] == eos and mask[-1] == 1 and k["num_turns"] == 2
+        assert "<answer>" in k["text"] and "Nobody" not in k["text"]
+        # Observation tokens are not trained: the <information> tag ids all sit under mask 0.
+        info = tiny.tok.convert_tokens_to_ids("<information>")
+        assert all(m == 0 for t, m in zip(ids, mask) if t == info) and info in ids
+    pa.Table.from_pylist(kept, schema=SFT_SCHEMA)  # the same parquet format as gold data
+
+
+# --------------------------------------------------------------------------- TRL's loss mask
+
+
+def _masked_nll(model, rows, use_mask=True):
+    """Mean next-token NLL over positions whose mask is 1 (all positions after the first if not use_mask)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for r in rows:
+            ids = torch.tensor([r["input_ids"]])
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
+            mask = torch.tensor(r["assistant_masks"][1:], dtype=torch.bool)
+            if not use_mask:
+                mask = torch.ones_like(mask)
+            total += nll[mask].sum().item()
+            count += int(mask.sum())
+    return total / count
+
+
+def test_trl_labels_and_loss_follow_the_assistant_mask(tiny, gold_parquet, tmp_path):
+    rows = pq.read_table(gold_parquet).to_pylist()[:3]
+    trainer = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "work", SFTArgs(max_steps=1, batch_size=3))
+    # TRL 1.16 folds `assistant_masks` into labels during preparation and drops the column.
+    assert set(trainer.train_dataset.column_names) == {"input_ids", "labels"}
+    for r, prepared in zip(rows, trainer.train_dataset):
+        assert prepared["input_ids"] == r["input_ids"]  # nothing truncated
+        assert prepared["labels"] == [t if m else -100 for t, m in zip(r["input_ids"], r["assistant_masks"])]
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
+    width = max(len(r["input_ids"]) for r in rows)
+    for b, r in enumerate(rows):
+        n = len(r["input_ids"])
+        want = [t if m else -100 for t, m in zip(r["input_ids"], r["assistant_masks"])] + [-100] * (width - n)
+        assert batch["labels"][b].tolist() == want
+        assert batch["attention_mask"][b].tolist() == [1] * n + [0] * (width - n)
+
+    model = trainer.model.eval()
+    loss = trainer.compute_loss(model, dict(batch)).item()
+    # Per-token mean over assistant tokens only, exactly our own masked NLL ...
+    assert loss == pytest.approx(_masked_nll(model, rows), rel=1e-4)
+    # ... and not the loss over every token (observations and prompt would change it).
+    assert abs(loss - _masked_nll(model, rows, use_mask=False)) > 1e-3
+
+
+# --------------------------------------------------------------------------- training and merging
+
+
+def test_sft_lowers_the_assistant_token_loss(tiny, gold_parquet, tmp_path):
+    rows = pq.read_table(gold_parquet).to_pylist()
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny.model_dir, dtype=torch.float32).eval()
+    before = _masked_nll(base, rows[:8])
+    out = train_sft(tiny.model_dir, gold_parquet, tmp_path / "sft",
+                    SFTArgs(max_steps=8, batch_size=4, lr=3e-3, log_every=2, seed=1, lr_scheduler="constant"))
+    assert {"model.safetensors", "config.json", "tokenizer.json", "sft_log.jsonl"} <= {p.name for p in out.iterdir()}
+    assert not any(p.suffix in (".bin", ".pt", ".pkl") for p in out.rglob("*"))  # nothing pickled
+    tuned = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    after = _masked_nll(tuned, rows[:8])
+    assert after < before - 0.5, (before, after)
+    log = [json.loads(line) for line in (out / "sft_log.jsonl").read_text().splitlines()]
+    assert any("loss" in r for r in log) and log[-1]["step"] == 8
+
+
+def test_lora_adapter_merge_equals_base_plus_adapter(tiny, gold_parquet, tmp_path):
+    from peft import PeftModel
+
+    args = SFTArgs(max_steps=3, batch_size=4, lr=5e-3, lora=True, lora_r=4, lora_alpha=8,
+                   lora_target_modules=("q_proj", "v_proj", "down_proj"), lr_scheduler="constant")
+    adapter = train_sft(tiny.model_dir, gold_parquet, tmp_path / "lora", args)
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    assert not (adapter / "model.safetensors").exists()
+    merged_dir = merge_lora(tiny.model_dir, adapter, tmp_path / "merged")
+    assert not (merged_dir / "adapter_config.json").exists() and (merged_dir / "model.safetensors").is_file()
+
+    ids = torch.tensor([pq.read_table(gold_parquet).to_pylist()[0]["input_ids"][:200]])
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny.model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        base_logits = base(input_ids=ids).logits
+        with_adapter = PeftModel.from_pretrained(base, str(adapter)).eval()
+        adapter_logits = with_adapter(input_ids=ids).logits
+        merged = transformers.AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+        merged_logits = merged(input_ids=ids).logits
+    assert (adapter_logits - base_logits).abs().max() > 1e-3  # the adapter learned something
+    torch.testing.assert_close(merged_logits, adapter_logits, atol=1e-4, rtol=1e-4)
+    assert transformers.AutoTokenizer.from_pretrained(merged_dir).encode("<search>") == tiny.tok.encode("<search>")
+
+    # A full model (no adapter_config.json) is copied through unchanged.
+    copied = merge_lora(tiny.model_dir, tiny.model_dir, tmp_path / "copied")
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (copied / name).read_bytes() == (tiny.model_dir / name).read_bytes()
