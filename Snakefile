@@ -10,11 +10,16 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/world.smk"
 include: "rules/models.smk"
 include: "rules/data.smk"
 include: "rules/retrieval.smk"
+include: "rules/agents.smk"
+include: "rules/results.smk"
 
 
 rule all:

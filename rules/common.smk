@@ -1,6 +1,7 @@
 # Shared helpers: config validation, path functions, per-rule resources.
 # No workflow logic lives here; the stages are in src/ragrl.
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -50,12 +51,17 @@ def _check_references():
             errors.append(f"config key 'retrieval.indexes.{name}': '{name}' is reserved for the sparse/hybrid retrievers")
     if retrieval["hybrid"] and not (retrieval["bm25"] and retrieval["indexes"]):
         errors.append("config key 'retrieval.hybrid': needs retrieval.bm25 and at least one dense index")
+    for name, settings in config["recipes"].items():
+        if settings["retriever"] not in retrievers():
+            errors.append(f"config key 'recipes.{name}.retriever': '{settings['retriever']}' is not one of {retrievers()}")
+        if settings["train_dataset"] not in config["datasets"]:
+            errors.append(f"config key 'recipes.{name}.train_dataset': '{settings['train_dataset']}' is not a key of datasets")
+    for i, name in enumerate(config["evaluation"]["datasets"]):
+        if name not in config["datasets"]:
+            errors.append(f"config key 'evaluation.datasets[{i}]': '{name}' is not a key of datasets {sorted(config['datasets'])}")
     if errors:
         raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
 
-
-_check_models()
-_check_references()
 
 RESULTS = "results"
 
@@ -106,6 +112,11 @@ def input_dir(wildcards, input):
 def policy_param(wildcards, input):
     # The built tiny policy is an input file; a hub id or an external path is passed by name.
     return os.path.dirname(input[0]) if input else config["models"]["policy"]
+
+
+def policy_arg(wildcards, input):
+    """--policy for rules that name the base policy among other inputs (as input.policy)."""
+    return policy_param(wildcards, input.policy)
 
 
 def rule_resources(rule_name):
@@ -171,7 +182,10 @@ def retrievers():
 
 def retriever_inputs(wildcards):
     """The index files one retriever reads (a dense dir's files, the BM25 dir, or both)."""
-    corpus, name = wildcards.corpus, wildcards.retriever
+    return retriever_files(wildcards.corpus, wildcards.retriever)
+
+
+def retriever_files(corpus, name):
     first_dense = next(iter(config["retrieval"]["indexes"]), None)
     dense = name if name in config["retrieval"]["indexes"] else (first_dense if name == "hybrid" else None)
     inputs = {}
@@ -184,13 +198,18 @@ def retriever_inputs(wildcards):
 
 def retriever_args(wildcards, input):
     """CLI flags selecting that retriever: --index DIR, --bm25 DIR, --mode."""
+    return _retriever_flags(input, wildcards.retriever)
+
+
+def _retriever_flags(input, name):
     args = []
     if "index" in input.keys():
         args += ["--index", os.path.dirname(input["index"])]
     if "bm25" in input.keys():
         args += ["--bm25", input["bm25"]]
-    mode = {"bm25": "bm25", "hybrid": "hybrid"}.get(wildcards.retriever, "dense")
-    return " ".join(args + ["--mode", mode])
+    if args:
+        args += ["--mode", {"bm25": "bm25", "hybrid": "hybrid"}.get(name, "dense")]
+    return " ".join(args)
 
 
 def eval_datasets():
@@ -202,6 +221,132 @@ def retrieval_reports():
     return [f"{RESULTS}/retrieval/{corpus}/{r}.json" for r in retrievers()]
 
 
+# ---------------------------------------------------------------- recipes, runs, evaluation
+
+
+def recipe(name):
+    return config["recipes"][name]
+
+
+def recipe_json(settings):
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+# What each stage of a recipe reads. Rules get only their part as params, so that editing one
+# setting re-runs exactly the jobs it affects (Snakemake re-runs a job when its params change):
+# a new RL learning rate re-runs that recipe's RL and what follows, not its SFT.
+_ROLLOUT_KEYS = ("env", "retriever", "topk", "max_queries", "rollout", "seed")
+
+
+def recipe_part(name, stage, settings=None):
+    settings = recipe(name) if settings is None else settings
+    if stage == "sft_data":
+        return {**{k: settings[k] for k in _ROLLOUT_KEYS if k in settings},
+                "sft": {"limit": settings["sft"].get("limit")}}
+    if stage == "sft":
+        return {"sft": settings["sft"], "seed": settings.get("seed", 0)}
+    if stage == "rl":
+        return {k: v for k, v in settings.items() if k != "sft"}
+    if stage == "eval":
+        return {k: settings[k] for k in _ROLLOUT_KEYS if k in settings}
+    raise ValueError(stage)
+
+
+def recipe_retriever_inputs(name):
+    return retriever_files(config["retrieval"]["corpus"], recipe(name)["retriever"])
+
+
+def sft_enabled(name):
+    return recipe(name)["sft"].get("enabled", True)
+
+
+def merged_dir(name, stage):
+    return f"{RESULTS}/models/{name}/{stage}_merged"
+
+
+def rl_start_model(name):
+    """RL starts from the merged SFT model, or from the base policy when SFT is disabled."""
+    return merged_dir(name, "sft") if sft_enabled(name) else policy_dir()
+
+
+def runs():
+    """Every evaluated run: id → recipe settings (as passed to the CLI), model dir, stage."""
+    out = {}
+    names = list(config["recipes"])
+    if config["evaluation"]["baselines"] and names:
+        first = recipe(names[0])
+        out["base"] = {"recipe": names[0], "settings": first, "model": policy_dir(), "stage": "base"}
+        out["no_retrieval"] = {"recipe": names[0], "settings": {**first, "env": "none"}, "model": policy_dir(),
+                               "stage": "no_retrieval"}
+    for name in names:
+        if sft_enabled(name):
+            out[f"{name}_sft"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "sft"),
+                                  "stage": "sft"}
+        out[f"{name}_rl"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "rl"), "stage": "rl"}
+    return out
+
+
+def run_model_inputs(run_id):
+    # The base policy is a set of files (or nothing, for a hub id); merged models are directories.
+    model = runs()[run_id]["model"]
+    if model == policy_dir():
+        return policy_inputs()
+    return [model]
+
+
+def run_inputs(wildcards):
+    run = runs()[wildcards.run]
+    inputs = {"model": run_model_inputs(wildcards.run), "qa": qa_path(wildcards.dataset)}
+    if run["settings"]["env"] != "none":
+        inputs.update(recipe_retriever_inputs(run["recipe"]))
+    return inputs
+
+
+def run_settings_json(wildcards):
+    run = runs()[wildcards.run]
+    return recipe_json(recipe_part(run["recipe"], "eval", run["settings"]))
+
+
+def run_definition(run_id):
+    """Everything that defines a run (its manifest's config hash): the stages behind its model."""
+    run = runs()[run_id]
+    parts = {"eval": recipe_part(run["recipe"], "eval", run["settings"])}
+    if run["stage"] in ("sft", "rl"):
+        parts["sft_data"] = recipe_part(run["recipe"], "sft_data")
+        parts["sft"] = recipe_part(run["recipe"], "sft")
+    if run["stage"] == "rl":
+        parts["rl"] = recipe_part(run["recipe"], "rl")
+    return {"recipe": parts, "world": config["world"], "policy": config["models"]["policy"],
+            "evaluation": {k: config["evaluation"][k] for k in ("max_questions",)}}
+
+
+def run_retriever_args(wildcards, input):
+    return _retriever_flags(input, runs()[wildcards.run]["settings"]["retriever"])
+
+
+def run_model_arg(wildcards, input):
+    model = runs()[wildcards.run]["model"]
+    return policy_param(wildcards, input.model) if model == policy_dir() else input.model[0]
+
+
+def eval_outputs():
+    return [f"{RESULTS}/eval/{run}/{dataset}/metrics.json" for run in runs() for dataset in config["evaluation"]["datasets"]]
+
+
+def run_manifests():
+    return [f"{RESULTS}/runs/{run}/run.json" for run in runs()]
+
+
+def rule_gpus():
+    """GPUs each rule requests (config resources), for GPU-hours in the jobs table."""
+    names = set(config["resources"]["rules"]) | {"sft", "rl", "eval", "embed_shard", "index"}
+    return {name: rule_resources(name)["gpu"] for name in sorted(names)}
+
+
+def table_names():
+    return [t["name"] for t in config["results"]["tables"]]
+
+
 def all_outputs():
     outputs = world_outputs()
     outputs.append(f"{RESULTS}/checks/policy_generate.txt")
@@ -211,4 +356,13 @@ def all_outputs():
         corpus, hybrid = config["retrieval"]["corpus"], retrievers()[-1]
         outputs += [f"{RESULTS}/tables/retrieval_recall.md",
                     f"{RESULTS}/checks/retrieval_service_{corpus}_{hybrid}.json"]
+    outputs += eval_outputs() + run_manifests()
+    if eval_outputs():
+        outputs.append(f"{RESULTS}/ragrl.duckdb")
+        outputs += [f"{RESULTS}/tables/{name}.md" for name in table_names()]
+        outputs += [f"{RESULTS}/plots/metrics_{m}.png" for m in config["results"]["plot_metrics"]]
     return outputs
+
+
+_check_models()
+_check_references()

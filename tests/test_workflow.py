@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +15,46 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
+_SMALL_RECIPE = {
+    "sft": {"limit": 12, "epochs": 1, "batch_size": 4},
+    "rl": {"steps": 2, "batch_prompts": 2, "group_size": 2, "checkpoint_every": 1},
+    "rollout": {"max_turns": 3, "max_turn_tokens": 64, "max_response_tokens": 2048, "max_obs_tokens": 800},
+}
 TINY = {
     "world": {"seed": 3, "size": 30},
     "models": {"tiny": {"vocab_size": 600, "hidden_size": 128, "num_heads": 2, "num_kv_heads": 1,
                         "num_layers": 2, "intermediate_size": 256}},
+    "recipes": {"search_r1": _SMALL_RECIPE, "rag_r1": _SMALL_RECIPE},
+    "evaluation": {"max_questions": 4, "batch_size": 4},
 }
+RUNS = ["base", "no_retrieval", "search_r1_sft", "search_r1_rl", "rag_r1_sft", "rag_r1_rl"]
+
+
+def _jobs_run(output: str) -> set[tuple[str, str]]:
+    """(rule, wildcards) of every job Snakemake announced: "rule X:" then indented details."""
+    jobs = set()
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(?:local)?rule (\w+):$", line.strip())
+        if not m:
+            continue
+        wildcards = ""
+        for detail in lines[i + 1:]:
+            if not detail.startswith("    "):
+                break
+            if detail.strip().startswith("wildcards:"):
+                wildcards = detail.strip()[len("wildcards:"):].strip()
+        jobs.add((m.group(1), wildcards))
+    return jobs
 
 
 def _snakemake(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
     cfg = workdir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
+    # Config paths are relative to the working directory, as for a user's own corpora; the
+    # default config's format examples live in the repository's resources/.
+    if not (workdir / "resources").exists():
+        (workdir / "resources").symlink_to(REPO / "resources")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     return subprocess.run(
         # The default config first, the test's overrides merged over it: how users layer configs.
@@ -60,9 +91,36 @@ def test_workflow_runs_end_to_end(tmp_path):
     assert float(flat["hit@10"]) > 0.5
     service = json.loads((tmp_path / "results/checks/retrieval_service_world_hybrid.json").read_text())
     assert service["agreement_with_in_process"] >= 0.95 and service["healthy_after_bad_request"]
+
+    # Every run was evaluated and lands in the results database, the table and the leaderboard.
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "results/ragrl.duckdb"), read_only=True)
+    leaderboard = con.execute("select run_id, dataset, value from leaderboard").fetchall()
+    assert sorted(r[0] for r in leaderboard) == sorted(RUNS)
+    steps = con.execute("select run_id, count(*) from train_log group by run_id order by run_id").fetchall()
+    assert steps == [("rag_r1_rl", 2), ("search_r1_rl", 2)]
+    assert con.execute("select count(*) from predictions").fetchone()[0] == 4 * len(RUNS)
+    assert con.execute("select count(*) from jobs where rule = 'rl'").fetchone()[0] == 2
+    table = (tmp_path / "results/tables/toy_em.md").read_text()
+    for run_id, _, value in leaderboard:
+        assert run_id in table and f"{value:.3f}" in table
+    assert (tmp_path / "results/plots/metrics_em.png").stat().st_size > 0
     # Nothing left to do: a second run is a no-op.
     again = _snakemake(tmp_path, TINY, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+    # Changing one run's setting re-executes exactly that run's downstream jobs.
+    changed = json.loads(json.dumps(TINY))
+    changed["recipes"]["rag_r1"]["rl"]["lr"] = 3e-4
+    rerun = _snakemake(tmp_path, changed)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    ran = _jobs_run(rerun.stdout + rerun.stderr)
+    assert ran == {
+        ("rl", "recipe=rag_r1"), ("merge_rl", "recipe=rag_r1"),
+        ("eval", "run=rag_r1_rl, dataset=world_test"), ("run_manifest", "run=rag_r1_rl"),
+        ("results_db", ""), ("results_tables", ""), ("results_plots", ""), ("all", ""),
+    }, ran
 
 
 @pytest.mark.parametrize(

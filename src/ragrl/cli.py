@@ -147,6 +147,104 @@ def _cmd_retrieval_service_check(args: argparse.Namespace) -> None:
     print(f"service check passed: {report}")
 
 
+def _recipe(args: argparse.Namespace):
+    from ragrl.recipe import parse_recipe
+
+    return parse_recipe(args.recipe, args.recipe_name)
+
+
+def _agent_retriever(args: argparse.Namespace):
+    from ragrl.stages.search_agent import load_retriever
+
+    return load_retriever(args.index, args.bm25, args.mode)
+
+
+def _cmd_sft_data(args: argparse.Namespace) -> None:
+    from ragrl.stages.search_agent import sft_data
+
+    sft_data(_recipe(args), args.qa, args.policy, _agent_retriever(args), args.out, limit=args.limit or None)
+
+
+def _cmd_sft(args: argparse.Namespace) -> None:
+    from ragrl.stages.search_agent import sft
+
+    print(f"SFT model written to {sft(_recipe(args), args.data, args.policy, args.out)}")
+
+
+def _cmd_merge(args: argparse.Namespace) -> None:
+    from ragrl.train.merge import merge_lora
+
+    print(f"merged checkpoint written to {merge_lora(args.base, args.adapter, args.out)}")
+
+
+def _cmd_rl(args: argparse.Namespace) -> None:
+    from ragrl.stages.search_agent import rl
+
+    final = rl(_recipe(args), args.qa, args.policy, _agent_retriever(args), args.out, limit=args.limit or None,
+               log_out=args.log_out)
+    print(f"RL policy written to {final}")
+
+
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from ragrl.stages.search_agent import evaluate
+
+    metrics = evaluate(_recipe(args), args.model, args.qa, _agent_retriever(args), args.out, run_id=args.run_id,
+                       dataset=args.dataset, max_questions=args.max_questions or None, batch_size=args.batch_size)
+    print(f"{args.run_id} on {args.dataset}: {metrics['metrics']}")
+
+
+def _cmd_run_manifest(args: argparse.Namespace) -> None:
+    import json
+
+    from ragrl.stages.search_agent import run_manifest
+
+    manifest = run_manifest(args.run_id, args.recipe_name, args.model, args.stage, json.loads(args.settings),
+                            json.loads(args.seeds), args.out)
+    print(f"run {args.run_id}: config hash {manifest['config_hash']}, commit {manifest['git_commit']}")
+
+
+def _cmd_results_build(args: argparse.Namespace) -> None:
+    import json
+
+    from ragrl.results import build_database
+
+    benchmarks = sorted(Path(args.benchmarks_dir).rglob("*.tsv")) if args.benchmarks_dir else []
+    build_database(args.db, runs=args.runs, evals=args.evals, predictions=args.predictions,
+                   train_logs=args.train_logs or [], benchmarks=benchmarks, rule_gpus=json.loads(args.rule_gpus),
+                   table_specs=json.loads(args.tables), main_metric=args.main_metric,
+                   benchmarks_root=args.benchmarks_dir)
+    print(f"results database written to {args.db}")
+
+
+def _cmd_results_tables(args: argparse.Namespace) -> None:
+    import json
+
+    from ragrl.results import render_tables
+
+    for path in render_tables(args.db, json.loads(args.tables), args.out_dir):
+        print(f"wrote {path}")
+
+
+def _cmd_results_plots(args: argparse.Namespace) -> None:
+    from ragrl.results import plot_metrics, plot_training
+
+    for path in [*plot_training(args.db, args.out_dir), *(plot_metrics(args.db, args.out_dir, m) for m in args.metrics)]:
+        print(f"wrote {path}")
+
+
+def _cmd_query(args: argparse.Namespace) -> None:
+    from ragrl.results import query
+
+    query(args.db, args.sql, fmt=args.format, out=args.out)
+
+
+def _recipe_args(p: argparse.ArgumentParser, retriever: bool = True) -> None:
+    p.add_argument("--recipe", required=True, help="the recipe's settings as one JSON object (from config)")
+    p.add_argument("--recipe-name", default="recipe", help="its name in config, used in error messages")
+    if retriever:
+        _searcher_args(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ragrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -221,6 +319,88 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=_cmd_retrieval_service_check)
 
+    p = sub.add_parser("sft-data", help="cold-start SFT data: gold trajectories through the real environment")
+    _recipe_args(p)
+    p.add_argument("--qa", type=Path, required=True)
+    p.add_argument("--policy", type=Path, required=True, help="model dir whose tokenizer and template are used")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_sft_data)
+
+    p = sub.add_parser("sft", help="supervised fine-tuning (TRL SFTTrainer, loss on generated tokens only)")
+    _recipe_args(p, retriever=False)
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--policy", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_sft)
+
+    p = sub.add_parser("merge", help="fold a LoRA adapter into a full HF checkpoint (a full model is copied)")
+    p.add_argument("--base", type=Path, required=True)
+    p.add_argument("--adapter", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_merge)
+
+    p = sub.add_parser("rl", help="RL (GRPO / PPO-clip) of the agent on accelerate; resumes from checkpoints")
+    _recipe_args(p)
+    p.add_argument("--qa", type=Path, required=True)
+    p.add_argument("--policy", type=Path, required=True)
+    p.add_argument("--limit", type=int)
+    p.add_argument("--out", type=Path, required=True, help="training dir: checkpoints/, train_log.jsonl, final/")
+    p.add_argument("--log-out", type=Path, help="where to copy the finished training log")
+    p.set_defaults(func=_cmd_rl)
+
+    p = sub.add_parser("eval", help="roll out a checkpoint on a QA set: predictions.parquet + metrics.json")
+    _recipe_args(p)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--qa", type=Path, required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--max-questions", type=int)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("run-manifest", help="write run.json (run id, recipe, model, config hash, commit, seeds)")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--recipe-name", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--stage", required=True)
+    p.add_argument("--settings", required=True, help="JSON object: everything that defines the run")
+    p.add_argument("--seeds", required=True, help="JSON object")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_cmd_run_manifest)
+
+    results = sub.add_parser("results", help="the DuckDB results database, tables and plots").add_subparsers(
+        dest="results_command", required=True)
+    p = results.add_parser("build", help="build results/ragrl.duckdb from the workflow's output files")
+    p.add_argument("--db", type=Path, required=True)
+    p.add_argument("--runs", nargs="+", required=True, help="run.json files")
+    p.add_argument("--evals", nargs="+", required=True, help="metrics.json files")
+    p.add_argument("--predictions", nargs="+", required=True, help="predictions.parquet files")
+    p.add_argument("--train-logs", nargs="*", help="train_log.jsonl files")
+    p.add_argument("--benchmarks-dir", type=Path, help="Snakemake benchmark files (*.tsv) under this dir")
+    p.add_argument("--rule-gpus", default="{}", help="JSON: rule → GPUs it requests (for GPU-hours)")
+    p.add_argument("--tables", default="[]", help="JSON list of table specs (views table_<name>)")
+    p.add_argument("--main-metric", default="em")
+    p.set_defaults(func=_cmd_results_build)
+    p = results.add_parser("tables", help="paper-style tables (md, csv, tex) from table specs")
+    p.add_argument("--db", type=Path, required=True)
+    p.add_argument("--tables", required=True, help="JSON list of table specs")
+    p.add_argument("--out-dir", type=Path, required=True)
+    p.set_defaults(func=_cmd_results_tables)
+    p = results.add_parser("plots", help="training curves per run and metric bars per dataset (PNG)")
+    p.add_argument("--db", type=Path, required=True)
+    p.add_argument("--metrics", nargs="+", default=["em"])
+    p.add_argument("--out-dir", type=Path, required=True)
+    p.set_defaults(func=_cmd_results_plots)
+
+    p = sub.add_parser("query", help="run SQL on the results database (read-only)")
+    p.add_argument("sql")
+    p.add_argument("--db", type=Path, default=Path("results/ragrl.duckdb"))
+    p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
+    p.add_argument("--out", type=Path, help="output file (required for parquet)")
+    p.set_defaults(func=_cmd_query)
+
     p = sub.add_parser("world", help="generate the synthetic world (passages, QA, KGs, KB)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--size", default="tiny", help="tiny | small | medium | bench, or a number of people")
@@ -269,8 +449,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     _quiet_library_progress_bars()
-    # The first log line is the command itself, so a log is enough to re-run a job by hand.
-    print("$ ragrl " + " ".join(shlex.quote(a) for a in argv), flush=True)
+    # The first log line is the command itself, so a log is enough to re-run a job by hand
+    # (stderr for `query`, whose stdout is data a user may pipe).
+    echo = sys.stderr if args.command == "query" else sys.stdout
+    print("$ ragrl " + " ".join(shlex.quote(a) for a in argv), file=echo, flush=True)
     try:
         args.func(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -1,0 +1,177 @@
+# Search agents (Search-R1, RAG-R1): gold-trajectory SFT data → SFT → merge → RL → merge →
+# evaluation of every run (base, no-retrieval, SFT, SFT+RL) on every evaluation dataset.
+
+
+rule sft_data:
+    input:
+        unpack(lambda wc: recipe_retriever_inputs(wc.recipe)),
+        qa=lambda wc: qa_path(recipe(wc.recipe)["train_dataset"]),
+        policy=policy_inputs(),
+    output:
+        data=f"{RESULTS}/sft_data/{{recipe}}.parquet",
+        stats=f"{RESULTS}/sft_data/{{recipe}}.stats.json",
+    params:
+        recipe=lambda wc: recipe_json(recipe_part(wc.recipe, "sft_data")),
+        retriever=lambda wc, input: _retriever_flags(input, recipe(wc.recipe)["retriever"]),
+        policy=policy_arg,
+        limit=lambda wc: recipe(wc.recipe)["sft"].get("limit") or 0,
+    log:
+        "logs/sft_data/{recipe}.log",
+    benchmark:
+        "benchmarks/sft_data/{recipe}.tsv"
+    threads: rule_threads("sft_data")
+    resources:
+        **rule_resources("sft_data"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl sft-data --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.retriever}"
+        " --qa {input.qa} --policy {params.policy} --limit {params.limit} --out {output.data} > {log} 2>&1"
+
+
+rule sft:
+    input:
+        data=f"{RESULTS}/sft_data/{{recipe}}.parquet",
+        policy=policy_inputs(),
+    output:
+        directory(f"{RESULTS}/models/{{recipe}}/sft"),
+    params:
+        recipe=lambda wc: recipe_json(recipe_part(wc.recipe, "sft")),
+        policy=policy_arg,
+    log:
+        "logs/sft/{recipe}.log",
+    benchmark:
+        "benchmarks/sft/{recipe}.tsv"
+    threads: rule_threads("sft")
+    resources:
+        **rule_resources("sft"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl sft --recipe {params.recipe:q} --recipe-name {wildcards.recipe}"
+        " --data {input.data} --policy {params.policy} --out {output} > {log} 2>&1"
+
+
+rule merge_sft:
+    input:
+        adapter=f"{RESULTS}/models/{{recipe}}/sft",
+        policy=policy_inputs(),
+    output:
+        directory(f"{RESULTS}/models/{{recipe}}/sft_merged"),
+    params:
+        policy=policy_arg,
+    log:
+        "logs/merge/{recipe}_sft.log",
+    benchmark:
+        "benchmarks/merge/{recipe}_sft.tsv"
+    threads: rule_threads("merge")
+    resources:
+        **rule_resources("merge"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl merge --base {params.policy} --adapter {input.adapter} --out {output} > {log} 2>&1"
+
+
+rule rl:
+    input:
+        unpack(lambda wc: recipe_retriever_inputs(wc.recipe)),
+        qa=lambda wc: qa_path(recipe(wc.recipe)["train_dataset"]),
+        start=lambda wc: rl_start_model(wc.recipe) if sft_enabled(wc.recipe) else policy_inputs(),
+    output:
+        # Only the finished artefacts are outputs: checkpoints under work/checkpoints survive a
+        # killed job (Snakemake deletes a failed job's outputs), so a re-run resumes from them.
+        model=f"{RESULTS}/train/{{recipe}}_rl/work/final/model.safetensors",
+        log=f"{RESULTS}/train/{{recipe}}_rl/train_log.jsonl",
+    params:
+        recipe=lambda wc: recipe_json(recipe_part(wc.recipe, "rl")),
+        retriever=lambda wc, input: _retriever_flags(input, recipe(wc.recipe)["retriever"]),
+        start=lambda wc, input: input.start if sft_enabled(wc.recipe) else policy_param(wc, input.start),
+        work=lambda wc, output: os.path.dirname(os.path.dirname(output.model)),
+    log:
+        "logs/rl/{recipe}.log",
+    benchmark:
+        "benchmarks/rl/{recipe}.tsv"
+    threads: rule_threads("rl")
+    resources:
+        **rule_resources("rl"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl rl --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.retriever}"
+        " --qa {input.qa} --policy {params.start} --out {params.work} --log-out {output.log} > {log} 2>&1"
+
+
+rule merge_rl:
+    input:
+        adapter=f"{RESULTS}/train/{{recipe}}_rl/work/final/model.safetensors",
+        base=lambda wc: rl_start_model(wc.recipe) if sft_enabled(wc.recipe) else policy_inputs(),
+    output:
+        directory(f"{RESULTS}/models/{{recipe}}/rl_merged"),
+    params:
+        adapter=lambda wc, input: os.path.dirname(input.adapter),
+        base=lambda wc, input: input.base if sft_enabled(wc.recipe) else policy_param(wc, input.base),
+    log:
+        "logs/merge/{recipe}_rl.log",
+    benchmark:
+        "benchmarks/merge/{recipe}_rl.tsv"
+    threads: rule_threads("merge")
+    resources:
+        **rule_resources("merge"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl merge --base {params.base} --adapter {params.adapter} --out {output} > {log} 2>&1"
+
+
+rule eval:
+    input:
+        unpack(run_inputs),
+    output:
+        predictions=f"{RESULTS}/eval/{{run}}/{{dataset}}/predictions.parquet",
+        metrics=f"{RESULTS}/eval/{{run}}/{{dataset}}/metrics.json",
+    params:
+        recipe=run_settings_json,
+        name=lambda wc: runs()[wc.run]["recipe"],
+        retriever=run_retriever_args,
+        model=run_model_arg,
+        max_questions=config["evaluation"]["max_questions"] or 0,
+        batch_size=config["evaluation"]["batch_size"],
+        out=lambda wc, output: os.path.dirname(output.metrics),
+    log:
+        "logs/eval/{run}/{dataset}.log",
+    benchmark:
+        "benchmarks/eval/{run}/{dataset}.tsv"
+    threads: rule_threads("eval")
+    resources:
+        **rule_resources("eval"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl eval --recipe {params.recipe:q} --recipe-name {params.name} {params.retriever}"
+        " --model {params.model} --qa {input.qa} --run-id {wildcards.run} --dataset {wildcards.dataset}"
+        " --max-questions {params.max_questions} --batch-size {params.batch_size} --out {params.out} > {log} 2>&1"
+
+
+rule run_manifest:
+    output:
+        f"{RESULTS}/runs/{{run}}/run.json",
+    params:
+        recipe=lambda wc: runs()[wc.run]["recipe"],
+        stage=lambda wc: runs()[wc.run]["stage"],
+        model=config["models"]["policy"],
+        settings=lambda wc: recipe_json(run_definition(wc.run)),
+        seeds=lambda wc: recipe_json({"world": config["world"]["seed"],
+                                      "train": runs()[wc.run]["settings"].get("seed", 0)}),
+    log:
+        "logs/run_manifest/{run}.log",
+    benchmark:
+        "benchmarks/run_manifest/{run}.tsv"
+    threads: 1
+    resources:
+        **rule_resources("run_manifest"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        "python -m ragrl run-manifest --run-id {wildcards.run} --recipe-name {params.recipe} --model {params.model:q}"
+        " --stage {params.stage} --settings {params.settings:q} --seeds {params.seeds:q} --out {output} > {log} 2>&1"

@@ -1,0 +1,80 @@
+# Every run's manifest, metrics, predictions and training log (plus all job benchmarks) → one
+# DuckDB database → paper-style tables and plots, all included in `snakemake --report`.
+
+
+rule results_db:
+    input:
+        runs=run_manifests(),
+        evals=eval_outputs(),
+        predictions=[p.replace("metrics.json", "predictions.parquet") for p in eval_outputs()],
+        # Named by run id (<recipe>_rl): the database files a training log under its run.
+        train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]],
+    output:
+        f"{RESULTS}/ragrl.duckdb",
+    params:
+        rule_gpus=lambda wc: recipe_json(rule_gpus()),
+        tables=recipe_json(config["results"]["tables"]),
+        main_metric=config["results"]["main_metric"],
+    log:
+        "logs/results_db.log",
+    benchmark:
+        "benchmarks/results_db.tsv"
+    threads: 1
+    resources:
+        **rule_resources("results_db"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        "python -m ragrl results build --db {output} --runs {input.runs} --evals {input.evals}"
+        " --predictions {input.predictions} --train-logs {input.train_logs} --benchmarks-dir benchmarks"
+        " --rule-gpus {params.rule_gpus:q} --tables {params.tables:q} --main-metric {params.main_metric}"
+        " > {log} 2>&1"
+
+
+rule results_tables:
+    input:
+        f"{RESULTS}/ragrl.duckdb",
+    output:
+        report(
+            expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=table_names(), ext=["md", "csv", "tex"]),
+            category="Tables",
+        ),
+    params:
+        tables=recipe_json(config["results"]["tables"]),
+        out=lambda wc, output: os.path.dirname(output[0]),
+    log:
+        "logs/results_tables.log",
+    benchmark:
+        "benchmarks/results_tables.tsv"
+    threads: 1
+    resources:
+        **rule_resources("results_tables"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        "python -m ragrl results tables --db {input} --tables {params.tables:q} --out-dir {params.out} > {log} 2>&1"
+
+
+rule results_plots:
+    input:
+        f"{RESULTS}/ragrl.duckdb",
+    output:
+        report(
+            [f"{RESULTS}/plots/{r}_rl_training.png" for r in config["recipes"]]
+            + [f"{RESULTS}/plots/metrics_{m}.png" for m in config["results"]["plot_metrics"]],
+            category="Plots",
+        ),
+    params:
+        metrics=config["results"]["plot_metrics"],
+        out=lambda wc, output: os.path.dirname(output[0]),
+    log:
+        "logs/results_plots.log",
+    benchmark:
+        "benchmarks/results_plots.tsv"
+    threads: 1
+    resources:
+        **rule_resources("results_plots"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        "python -m ragrl results plots --db {input} --metrics {params.metrics} --out-dir {params.out} > {log} 2>&1"

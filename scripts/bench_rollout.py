@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Rollout throughput and the share of rollout time spent waiting for retrieval; RL step time.
+
+Usage (after `make run`, from the repository root, venv active):
+    python scripts/bench_rollout.py --model results/models/search_r1/sft_merged \
+        --index results/index/world/flat --qa results/world/qa/test.parquet --questions 40
+    python scripts/bench_rollout.py ... --env multi_query_search --max-queries 3
+
+Prints a JSON line and a markdown row. RL step times come from the training logs the workflow
+wrote (results/train/<recipe>/train_log.jsonl), summarised with --train-logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+
+def bench_rollouts(args) -> dict:
+    from ragrl.agent.environments import make_environment
+    from ragrl.agent.generation import HFGenerator
+    from ragrl.agent.retriever_adapter import AgentRetriever
+    from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+    from ragrl.retrieval.searcher import load_searcher
+
+    searcher = load_searcher(args.index, None, "dense")
+    env = make_environment(args.env, AgentRetriever(searcher), topk=args.topk, max_queries=args.max_queries)
+    generator = HFGenerator.from_pretrained(args.model)
+    engine = RolloutEngine(generator, generator.tokenizer, env,
+                           RolloutConfig(max_turns=3, max_turn_tokens=64, max_response_tokens=1024,
+                                         max_obs_tokens=512, temperature=1.0, n=args.n))
+    questions = pq.read_table(args.qa, columns=["question"]).column("question").to_pylist()[: args.questions]
+    engine.run_questions(questions[: min(4, len(questions))], n=1)  # warm-up: model and encoder caches
+    start = time.perf_counter()
+    trajectories = []
+    for i in range(0, len(questions), args.batch_size):
+        trajectories += engine.run_questions(questions[i : i + args.batch_size], n=args.n, seed=i)
+    wall = time.perf_counter() - start
+    generated = sum(t.generated_tokens for t in trajectories)
+    observed = sum(t.observation_tokens for t in trajectories)
+    # env_time_s charges each searching trajectory the whole batched call; count each turn's call
+    # once per batch by taking the max over trajectories of a batch and turn — approximated here
+    # by the per-batch maximum, which is exact when every trajectory searches in every turn.
+    env_wall = 0.0
+    for i in range(0, len(trajectories), args.batch_size * args.n):
+        env_wall += max((t.env_time_s for t in trajectories[i : i + args.batch_size * args.n]), default=0.0)
+    return {
+        "model": str(args.model), "env": args.env, "trajectories": len(trajectories), "wall_s": round(wall, 2),
+        "generated_tokens": generated, "observation_tokens": observed,
+        "generated_tokens_per_s": round(generated / wall, 1),
+        "searches_per_trajectory": round(statistics.mean(t.num_searches for t in trajectories), 2),
+        "retrieval_wait_share": round(env_wall / wall, 3),
+    }
+
+
+def summarise_train_logs(paths: list[Path]) -> list[dict]:
+    out = []
+    for path in paths:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        steps = [r["step_time_s"] for r in rows]
+        rollout = [r.get("rollout_time_s", 0.0) for r in rows]
+        out.append({"log": str(path), "steps": len(rows), "step_time_s_median": round(statistics.median(steps), 2),
+                    "rollout_share": round(sum(rollout) / sum(steps), 3)})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--index", type=Path, required=True)
+    p.add_argument("--qa", type=Path, required=True)
+    p.add_argument("--env", default="search")
+    p.add_argument("--topk", type=int, default=2)
+    p.add_argument("--max-queries", type=int, default=1)
+    p.add_argument("--questions", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--n", type=int, default=1)
+    p.add_argument("--train-logs", type=Path, nargs="*", default=[])
+    args = p.parse_args()
+    result = {"rollouts": bench_rollouts(args), "training": summarise_train_logs(args.train_logs)}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
