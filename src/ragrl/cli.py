@@ -116,6 +116,12 @@ def _cmd_serve_retriever(args: argparse.Namespace) -> None:
           max_topk=args.max_topk, batch_window_ms=args.batch_window_ms)
 
 
+def _cmd_serve_kg(args: argparse.Namespace) -> None:
+    from ragrl.kg.server import serve
+
+    serve(args.kg, args.host, args.port, mode=args.mode)
+
+
 def _cmd_retrieval_eval(args: argparse.Namespace) -> None:
     from ragrl.retrieval.evaluate import evaluate_retrieval, write_recall_report
 
@@ -297,6 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-topk", type=int, default=50)
     p.add_argument("--batch-window-ms", type=float, default=5.0)
     p.set_defaults(func=_cmd_serve_retriever)
+
+    p = sub.add_parser("serve-kg", help="HTTP KG server (KG-R1's batch POST /retrieve) over a KG directory")
+    p.add_argument("--kg", type=Path, required=True, help="a KG dir: triples parquet (e.g. results/world/kg/A) or the simple KGQA format")
+    p.add_argument("--host", default="127.0.0.1", help="loopback by default: the service has no authentication")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--mode", choices=["whole", "subgraph"], default="whole",
+                   help="whole KG, or each question restricted to its subgraph (as KG-R1 does)")
+    p.set_defaults(func=_cmd_serve_kg)
 
     retrieval = sub.add_parser("retrieval", help="evaluate and check retrieval").add_subparsers(
         dest="retrieval_command", required=True)
