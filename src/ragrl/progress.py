@@ -47,4 +47,6 @@ def _line(stream, desc: str, done: int, total: int | None, unit: str, elapsed: f
     of = f"/{total}" if total is not None else ""
     pct = f" ({100.0 * done / total:.0f}%)" if total else ""
     tag = "done" if final else "progress"
-    print(f"[{tag}] {desc}: {done}{of} {unit}{pct} in {elapsed:.1f}s, {rate:.1f} {unit}/s", file=stream, flush=True)
+    # Slow items (a chunk of 1024 passages, an RL step) read better as seconds per item.
+    speed = f"{rate:.1f} {unit}/s" if rate >= 1 or done == 0 else f"{elapsed / done:.1f} s/{unit}"
+    print(f"[{tag}] {desc}: {done}{of} {unit}{pct} in {elapsed:.1f}s, {speed}", file=stream, flush=True)
