@@ -53,10 +53,12 @@ def make_rollout_fn(recipe: Recipe, tokenizer, retriever):
     """The RL trainer's plug-in: a group of rollouts per prompt with the current policy, scored."""
     from ragrl.agent.environments import make_environment
     from ragrl.agent.generation import HFGenerator
+    from ragrl.agent.retriever_adapter import AgentRetriever
     from ragrl.agent.rollout import RolloutEngine
     from ragrl.train.rl import Sample
 
-    env = make_environment(recipe.env, retriever, topk=recipe.topk, max_queries=recipe.max_queries)
+    # The environments take plain dicts; the searcher and the HTTP client return Hits.
+    env = make_environment(recipe.env, AgentRetriever(retriever), topk=recipe.topk, max_queries=recipe.max_queries)
     reward = _reward_fn(recipe)
 
     def rollout_fn(batch_prompts: list[dict], group_size: int, model, step: int) -> list[Sample]:
