@@ -90,6 +90,8 @@ def rl(recipe: Recipe, qa: Path, policy: Path, retriever, out_dir: Path, limit: 
 
     table = pq.read_table(qa, columns=["question", "golden_answers"]).to_pylist()
     prompts = table[:limit] if limit else table
+    _prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
+                                      "limit": limit})
     tokenizer = AutoTokenizer.from_pretrained(policy)
     final = train_rl(policy, None, prompts, make_rollout_fn(recipe, tokenizer, retriever), rl_config(recipe), out_dir)
     if log_out is not None:
@@ -98,6 +100,24 @@ def rl(recipe: Recipe, qa: Path, policy: Path, retriever, out_dir: Path, limit: 
         with atomic_path(log_out) as tmp:
             shutil.copyfile(Path(out_dir) / "train_log.jsonl", tmp)
     return final
+
+
+def _prepare_work_dir(out_dir: Path, definition: dict) -> None:
+    """Keep checkpoints only if they belong to this exact training; they are what a killed job
+    resumes from, but a job re-run because its settings changed must start over, not resume."""
+    fingerprint = hashlib.sha256(canonical_json(definition).encode()).hexdigest()
+    stamp = out_dir / "definition.sha256"
+    if out_dir.exists() and (not stamp.exists() or stamp.read_text().strip() != fingerprint):
+        print(f"[rl] settings changed since the checkpoints in {out_dir} were written: starting over")
+        shutil.rmtree(out_dir)
+    final = out_dir / "final"
+    if final.exists() and not (final / "model.safetensors").exists():
+        # Snakemake removed the declared output (a forced re-run): rebuild final/ from the last
+        # checkpoint instead of reporting the finished run as done without its weights.
+        shutil.rmtree(final)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(stamp) as tmp:
+        tmp.write_text(fingerprint + "\n")
 
 
 def evaluate(recipe: Recipe, model: Path, qa: Path, retriever, out_dir: Path, *, run_id: str, dataset: str,
