@@ -202,7 +202,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 def _cmd_run_manifest(args: argparse.Namespace) -> None:
     import json
 
-    from ragrl.stages.search_agent import run_manifest
+    from ragrl.stages.manifest import run_manifest
 
     manifest = run_manifest(args.run_id, args.recipe_name, args.model, args.stage, json.loads(args.settings),
                             json.loads(args.seeds), args.out)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
-import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from ragrl.io import atomic_path, write_json
+from ragrl.io import atomic_path
 from ragrl.recipe import Recipe, canonical_json, rl_config, sft_args
 
 
@@ -127,27 +126,3 @@ def evaluate(recipe: Recipe, model: Path, qa: Path, retriever, out_dir: Path, *,
     return run_eval(model, qa, recipe.env, retriever, out_dir, run_id=run_id, dataset=dataset,
                     rollout_cfg=recipe.rollout, batch_size=batch_size, max_questions=max_questions,
                     topk=recipe.topk, max_queries=recipe.max_queries)
-
-
-def git_commit(cwd: Path | None = None) -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=cwd, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
-
-
-def run_manifest(run_id: str, recipe: str, model: str, stage: str, settings: dict, seeds: dict, out: Path) -> dict:
-    """run.json: what the results database needs to tell runs apart and reproduce them."""
-    manifest = {
-        "run_id": run_id,
-        "recipe": recipe,
-        "model": model,
-        "stage": stage,
-        "config_hash": hashlib.sha256(canonical_json(settings).encode()).hexdigest()[:16],
-        "git_commit": git_commit(),
-        "seeds": seeds,
-        "settings": settings,
-    }
-    write_json(manifest, out)
-    return manifest
