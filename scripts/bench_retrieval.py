@@ -1,0 +1,1016 @@
+#!/usr/bin/env python
+"""Benchmark the retrieval stack: index build, the HTTP service under concurrent clients, BM25.
+
+A benchmark, not a test: it asserts nothing about speed, it measures and reports. Run it from the
+repository root with the project's environment, e.g.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_retrieval.py --out-dir /tmp/ragrl-bench
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_retrieval.py --size small --duration 5   # quick run
+
+What it does (every heavy step is the workflow's own CLI in a subprocess, so each step's peak RSS
+is that step's alone; peak RSS comes from os.wait4's rusage, and a sampler of /proc/<pid>/status
+splits it into anonymous (heap) and file-backed (mmap'd shards, page cache) memory):
+
+  world     `ragrl world --size SIZE`                       synthetic corpus + QA ("bench" ~116k passages)
+  embed     `ragrl index embed-shard` x SHARDS, one after another (as the workflow's jobs would)
+  build     `ragrl index build --factory F` for Flat and HNSW32; wall, peak RSS vs index/embedding bytes
+  bm25      `ragrl index bm25`; build wall and peak RSS
+  inprocess load_searcher(Flat) in this process: passage encode rate, query encode vs FAISS search
+            time (Flat and HNSW32), Searcher.search at batch 1 / 16 / 64
+  service   `ragrl serve-retriever` subprocesses on 127.0.0.1 (ephemeral port): micro-batched
+            (defaults: max_batch 64, 5 ms window), micro-batched with a 0 ms window, and serialized
+            (max_batch 1: one request's encode+search at a time, like a server holding a lock).
+            Closed-loop client threads (1 / 16 / 64), each sending single-query POST /retrieve
+            requests as a Search-R1 rollout worker does, for --duration seconds per setting.
+  bm25q     Searcher(bm25).search queries/s, one at a time and in batches of 64
+
+Queries are the world's QA test-split questions. Results: OUT_DIR/results.json (rewritten after
+every stage, so a crash keeps what was measured) and a markdown summary on stdout and in
+OUT_DIR/summary.md. The machine is assumed shared and noisy: the load average is recorded at the
+start of every stage, and compare ratios measured in the same run rather than absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+STAGES = ("world", "embed", "build", "bm25", "inprocess", "service", "bm25q")
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+MB = 1024 * 1024
+# Threading settings for the processes that encode queries. torch (its own libgomp) and faiss-cpu
+# (another libgomp) each start one thread per core; on a small shared machine a preempted OpenMP
+# thread stalls every parallel region, so one thread is also measured.
+THREAD_ENVS: dict[str, dict[str, str]] = {
+    "default": {},
+    "1thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+}
+# Server configurations: `ragrl serve-retriever` flags (+ environment).
+SERVICE_VARIANTS: dict[str, dict[str, Any]] = {
+    # the defaults: gather up to 64 queries for 5 ms
+    "microbatch": {"max_batch": 64, "batch_window_ms": 5.0, "env": {}},
+    # batch whatever is already queued, never wait
+    "microbatch_w0": {"max_batch": 64, "batch_window_ms": 0.0, "env": {}},
+    # one request's encode + search at a time (one search thread, like a lock around the searcher)
+    "serialized": {"max_batch": 1, "batch_window_ms": 0.0, "env": {}},
+    "microbatch_1thread": {"max_batch": 64, "batch_window_ms": 5.0, "env": THREAD_ENVS["1thread"]},
+    "serialized_1thread": {"max_batch": 1, "batch_window_ms": 0.0, "env": THREAD_ENVS["1thread"]},
+    # not run by default: the defaults with OpenMP threads that sleep at once instead of spinning
+    "microbatch_passive": {"max_batch": 64, "batch_window_ms": 5.0, "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
+}
+_T0 = time.monotonic()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.update(extra or {})
+    return env
+
+
+def ragrl_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ragrl", *args]
+
+
+def file_mb(path: Path) -> float:
+    return round(path.stat().st_size / MB, 1)
+
+
+def _proc_status_kb(pid: int) -> dict[str, int]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                    out[key] = int(rest.split()[0])
+    except (FileNotFoundError, ProcessLookupError, ValueError, PermissionError):
+        pass
+    return out
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a live process, in seconds."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
+class RssSampler(threading.Thread):
+    """Polls /proc/<pid>/status; keeps the peaks of anonymous and file-backed resident memory.
+
+    ru_maxrss (from wait4) is exact but does not say what the memory was; the sampler's split can
+    miss a short spike between polls, so both are reported.
+    """
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.interval = interval
+        self.peak = {"RssAnon": 0, "RssFile": 0, "VmRSS": 0}
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            status = _proc_status_kb(self.pid)
+            for k in self.peak:
+                if k in status:
+                    self.peak[k] = max(self.peak[k], status[k])
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> dict[str, float]:
+        self._stop_event.set()
+        self.join()
+        return {
+            "sampled_peak_rss_anon_mb": round(self.peak["RssAnon"] / 1024, 1),
+            "sampled_peak_rss_file_mb": round(self.peak["RssFile"] / 1024, 1),
+            "sampled_peak_rss_mb": round(self.peak["VmRSS"] / 1024, 1),
+        }
+
+
+def run_measured(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `cmd` to completion; wall time, CPU time and peak RSS of that one child (os.wait4)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    shown = " ".join(cmd[2:] if cmd[:2] == [sys.executable, "-m"] else cmd)
+    log(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())} {shown}  (log: {log_path})")
+    start = time.monotonic()
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(env))
+        sampler = RssSampler(proc.pid)
+        sampler.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            sampler.stop()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; tell Popen
+        wall = time.monotonic() - start
+    sampled = sampler.stop()
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"command failed with exit code {proc.returncode}: {cmd}\n--- log tail ---\n{tail}")
+    result = {
+        "wall_s": round(wall, 2),
+        "cpu_user_s": round(usage.ru_utime, 2),
+        "cpu_sys_s": round(usage.ru_stime, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux: KiB
+        **sampled,
+    }
+    log(f"  done in {result['wall_s']} s, peak RSS {result['peak_rss_mb']} MB "
+        f"(sampled anon {sampled['sampled_peak_rss_anon_mb']} MB, file {sampled['sampled_peak_rss_file_mb']} MB)")
+    return result
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def timed_loop(fn: Callable[[list[str]], Any], queries: list[str], batch: int, duration: float,
+               min_calls: int = 3) -> dict[str, Any]:
+    """Call fn on successive batches (cycling through `queries`) for `duration` seconds."""
+    lat, n, i = [], 0, 0
+    start = time.monotonic()
+    while True:
+        chunk = [queries[(i + j) % len(queries)] for j in range(batch)]
+        i += batch
+        t = time.perf_counter()
+        fn(chunk)
+        lat.append(time.perf_counter() - t)
+        n += batch
+        if time.monotonic() - start >= duration and len(lat) >= min_calls:
+            break
+    elapsed = time.monotonic() - start
+    return {
+        "batch": batch,
+        "queries": n,
+        "calls": len(lat),
+        "seconds": round(elapsed, 3),
+        "qps": round(n / elapsed, 1),
+        "ms_per_call_p50": round(pct(lat, 50) * 1000, 2),
+        "ms_per_call_p99": round(pct(lat, 99) * 1000, 2),
+        "ms_per_query": round(elapsed / n * 1000, 3),
+    }
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    }
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+        info["cpu_model"] = names[0] if names else None
+        mem = [line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")]
+        info["mem_total_gib"] = round(int(mem[0].split()[1]) / 1024 / 1024, 1) if mem else None
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        info["versions"] = {p: version(p) for p in ("torch", "faiss-cpu", "sentence-transformers", "bm25s",
+                                                   "fastapi", "uvicorn", "httpx")
+                            if _has_dist(p)}
+    except Exception:  # noqa: BLE001 - informational only
+        pass
+    return info
+
+
+def _has_dist(name: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(name)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+# --------------------------------------------------------------------------- stages
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = args.out_dir.resolve()
+        self.world = self.out / "world"
+        self.passages = self.world / "passages.parquet"
+        self.emb_dir = self.out / "embeddings"
+        self.logs = self.out / "logs"
+        self.results_path = self.out / "results.json"
+        self.results: dict[str, Any] = {
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine": machine_info(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "loadavg": {},
+        }
+
+    # -- bookkeeping
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.results_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.results, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, self.results_path)
+
+    def stage_start(self, name: str) -> None:
+        self.results["loadavg"][name] = loadavg()
+        log(f"=== stage {name} (load average {self.results['loadavg'][name]}) ===")
+
+    def shard_paths(self) -> list[Path]:
+        n = self.args.shards
+        return [self.emb_dir / f"shard-{i}-of-{n}.npy" for i in range(n)]
+
+    def index_dir(self, factory: str) -> Path:
+        return self.out / "index" / factory.replace(",", "_")
+
+    def questions(self) -> list[str]:
+        import pyarrow.parquet as pq
+
+        qs = pq.read_table(self.world / "qa" / "test.parquet", columns=["question"]).column("question").to_pylist()
+        qs = [q for q in qs if q.strip()]
+        if not qs:
+            raise RuntimeError("the world's QA test split has no questions")
+        return qs
+
+    def num_passages(self) -> int:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self.passages).metadata.num_rows
+
+    # -- stages
+    def world_stage(self) -> None:
+        self.stage_start("world")
+        if self.world.exists():
+            shutil.rmtree(self.world)
+        m = run_measured(ragrl_cmd("world", "--seed", str(self.args.seed), "--size", self.args.size,
+                                   "--out", str(self.world)), self.logs / "world.log")
+        manifest = json.loads((self.world / "manifest.json").read_text())
+        self.results["world"] = {**m, "size": self.args.size, "seed": self.args.seed,
+                                 "passages": manifest["passages"], "questions": manifest["questions"],
+                                 "passages_parquet_mb": file_mb(self.passages)}
+
+    def embed_stage(self) -> None:
+        self.stage_start("embed")
+        a = self.args
+        n = self.num_passages()
+        shards = []
+        for i, path in enumerate(self.shard_paths()):
+            m = run_measured(ragrl_cmd("index", "embed-shard", "--passages", str(self.passages), "--model", a.model,
+                                       "--shard", str(i), "--num-shards", str(a.shards), "--out", str(path),
+                                       "--batch-size", str(a.batch_size), "--max-length", str(a.max_length)),
+                             self.logs / f"embed-shard-{i}.log")
+            meta = json.loads(path.with_suffix(".json").read_text())
+            rows = meta["stop"] - meta["start"]
+            shards.append({**m, "shard": i, "rows": rows, "npy_mb": file_mb(path),
+                           "passages_per_s": round(rows / m["wall_s"], 1)})
+            log(f"  shard {i}: {rows} passages, {shards[-1]['passages_per_s']} passages/s (incl. startup)")
+            self.results["embed"] = {"shards": shards}
+            self.save()
+        wall = sum(s["wall_s"] for s in shards)
+        self.results["embed"] = {
+            "model": a.model,
+            "batch_size": a.batch_size,
+            "max_length": a.max_length,
+            "num_shards": a.shards,
+            "passages": n,
+            "wall_s_total": round(wall, 2),
+            "passages_per_s": round(n / wall, 1),
+            "peak_rss_mb_max": max(s["peak_rss_mb"] for s in shards),
+            "embeddings_mb": round(sum(p.stat().st_size for p in self.shard_paths()) / MB, 1),
+            "shards": shards,
+        }
+
+    def build_stage(self) -> None:
+        self.stage_start("build")
+        n = self.num_passages()
+        emb_mb = round(sum(p.stat().st_size for p in self.shard_paths()) / MB, 1)
+        builds = {}
+        for factory in self.args.factories:
+            out = self.index_dir(factory)
+            m = run_measured(ragrl_cmd("index", "build", "--shards", *map(str, self.shard_paths()),
+                                       "--factory", factory, "--passages", str(self.passages), "--out", str(out)),
+                             self.logs / f"index-build-{factory.replace(',', '_')}.log")
+            meta = json.loads((out / "meta.json").read_text())
+            index_mb = file_mb(out / "index.faiss")
+            builds[factory] = {
+                **m,
+                "passages": n,
+                "passages_per_s": round(n / m["wall_s"], 1),
+                "build_seconds_in_process": meta.get("build_seconds"),
+                "passages_per_s_in_process": round(n / meta["build_seconds"], 1) if meta.get("build_seconds") else None,
+                "meta_peak_rss_mb": meta.get("peak_rss_mb"),
+                "index_mb": index_mb,
+                "embeddings_mb": emb_mb,
+                "peak_rss_over_index": round(m["peak_rss_mb"] / index_mb, 2),
+                "peak_rss_minus_index_mb": round(m["peak_rss_mb"] - index_mb, 1),
+            }
+            log(f"  {factory}: index {index_mb} MB, embeddings {emb_mb} MB, peak RSS {m['peak_rss_mb']} MB")
+            self.results["build"] = builds
+            self.save()
+        # Baseline: what a bare `python -m ragrl` process with the build's imports costs.
+        probe = run_measured([sys.executable, "-c", "import faiss, numpy, pyarrow.parquet; "
+                              "import ragrl.retrieval.dense"], self.logs / "import-baseline.log")
+        self.results["build_import_baseline"] = probe
+
+    def bm25_stage(self) -> None:
+        self.stage_start("bm25")
+        out = self.out / "index" / "bm25"
+        m = run_measured(ragrl_cmd("index", "bm25", "--passages", str(self.passages), "--out", str(out)),
+                         self.logs / "bm25-build.log")
+        n = self.num_passages()
+        size = sum(p.stat().st_size for p in out.iterdir()) / MB
+        self.results["bm25_build"] = {**m, "passages": n, "passages_per_s": round(n / m["wall_s"], 1),
+                                      "index_mb": round(size, 1)}
+
+    def inprocess_stage(self) -> None:
+        """Searcher.search in a process of its own, once per threading setting (see THREAD_ENVS)."""
+        self.stage_start("inprocess")
+        res: dict[str, Any] = {}
+        for i, name in enumerate(self.args.inproc_threads):
+            out_json = self.out / f"inprocess-{name}.json"
+            extra = ["--encode-sample", str(self.args.encode_sample if i == 0 else 0)]
+            m = run_measured(self.worker_cmd("inprocess", out_json, *extra), self.logs / f"inprocess-{name}.log",
+                             env=THREAD_ENVS[name])
+            res[name] = {**json.loads(out_json.read_text()), "process": m}
+            self.results["inprocess"] = res
+            self.save()
+
+    def bm25q_stage(self) -> None:
+        self.stage_start("bm25q")
+        out_json = self.out / "bm25q.json"
+        m = run_measured(self.worker_cmd("bm25q", out_json), self.logs / "bm25q.log")
+        self.results["bm25_query"] = {**json.loads(out_json.read_text()), "process": m}
+
+    def worker_cmd(self, kind: str, out_json: Path, *extra: str) -> list[str]:
+        a = self.args
+        return [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--worker-out", str(out_json),
+                "--out-dir", str(self.out), "--topk", str(a.topk), "--inproc-duration", str(a.inproc_duration),
+                "--inproc-batches", *map(str, a.inproc_batches), "--factories", *a.factories, *extra]
+
+    def service_stage(self) -> None:
+        self.stage_start("service")
+        import httpx
+
+        qs = self.questions()
+        results: dict[str, Any] = {"topk": self.args.topk, "duration_s": self.args.duration,
+                                   "rounds": self.args.rounds, "variants": {}}
+        self.results["service"] = results
+        pooled: dict[tuple[str, int], list[float]] = {}
+        for rnd in range(self.args.rounds):
+            for name in self.args.variants:
+                cfg = SERVICE_VARIANTS[name]
+                v = results["variants"].setdefault(name, {"config": cfg, "rounds": []})
+                this: dict[str, Any] = {"clients": {}}
+                v["rounds"].append(this)
+                with RetrievalServer(self.index_dir("Flat"), cfg, self.logs / f"server-{name}-r{rnd}.log",
+                                     self.args.startup_timeout) as server:
+                    this["startup_s"] = server.startup_s
+                    this["server_rss_mb_after_load"] = server.rss_mb()
+                    warm = httpx.post(f"{server.url}/retrieve", json={"queries": qs[:1], "topk": self.args.topk},
+                                      timeout=120)
+                    warm.raise_for_status()
+                    for c in self.args.clients:
+                        self.results["loadavg"][f"service/r{rnd}/{name}/{c}"] = loadavg()
+                        r, lat = load_test(server, qs, c, self.args.duration, self.args.topk, self.args.warmup_requests)
+                        this["clients"][str(c)] = r
+                        pooled.setdefault((name, c), []).extend(lat)
+                        log(f"  round {rnd} {name:16s} clients={c:3d}: {r['qps']:7.1f} req/s  p50 {r['p50_ms']:8.1f} ms  "
+                            f"p99 {r['p99_ms']:8.1f} ms  mean batch {r['server_mean_batch']}  "
+                            f"server CPU {r['server_cpu_ms_per_request']} ms/req  errors {r['errors']}")
+                        self.save()
+                    this["server_peak_rss_mb"] = server.peak_rss_mb()
+        for name, v in results["variants"].items():
+            v["summary"] = {}
+            for c in self.args.clients:
+                runs = [rd["clients"][str(c)] for rd in v["rounds"] if str(c) in rd["clients"]]
+                lat = pooled.get((name, c), [])
+                qps = [x["qps"] for x in runs if x["qps"] is not None]
+                v["summary"][str(c)] = {
+                    "qps_median": round(float(np.median(qps)), 1) if qps else None,
+                    "qps_min": min(qps) if qps else None,
+                    "qps_max": max(qps) if qps else None,
+                    "p50_ms": round(pct(lat, 50) * 1000, 1),
+                    "p99_ms": round(pct(lat, 99) * 1000, 1),
+                    "requests": len(lat),
+                    "errors": sum(x["errors"] for x in runs),
+                    "mean_batch": _median([x["server_mean_batch"] for x in runs]),
+                    "server_cpu_ms_per_request": _median([x["server_cpu_ms_per_request"] for x in runs]),
+                    "client_cpu_ms_per_request": _median([x["client_cpu_ms_per_request"] for x in runs]),
+                }
+        self.add_ratios()
+
+    def add_ratios(self) -> None:
+        self.results["ratios"] = compute_ratios(self.results)
+
+
+def compute_ratios(results: dict[str, Any]) -> dict[str, Any]:
+    """Throughput ratios between server variants and the in-process baselines of the same threading."""
+    svc = results.get("service", {}).get("variants", {})
+
+    def qps(variant: str, c: str) -> float | None:
+        return svc.get(variant, {}).get("summary", {}).get(c, {}).get("qps_median")
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a and b else None
+
+    ratios: dict[str, Any] = {}
+    for threads, suffix in (("default", ""), ("1thread", "_1thread")):
+        inproc = results.get("inprocess", {}).get(threads, {}).get("searcher", {})
+        one, b64 = inproc.get("1", {}).get("qps"), inproc.get("64", {}).get("qps")
+        mb_name, ser_name = f"microbatch{suffix}", f"serialized{suffix}"
+        clients = sorted({c for v in (mb_name, ser_name) for c in svc.get(v, {}).get("summary", {})}, key=int)
+        if not clients and not inproc:
+            continue
+        part: dict[str, Any] = {"inprocess_batch64_over_batch1": ratio(b64, one)}
+        for c in clients:
+            mb, ser = qps(mb_name, c), qps(ser_name, c)
+            part[f"clients_{c}"] = {
+                "microbatch_over_serialized": ratio(mb, ser),
+                "microbatch_over_inprocess_batch1": ratio(mb, one),
+                "microbatch_over_inprocess_batch64": ratio(mb, b64),
+                "serialized_over_inprocess_batch1": ratio(ser, one),
+            }
+            if not suffix and qps("microbatch_w0", c):
+                part[f"clients_{c}"]["microbatch_w0_over_serialized"] = ratio(qps("microbatch_w0", c), ser)
+        ratios[threads] = part
+    return ratios
+
+
+def _median(values: list[Any]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(float(np.median(values)), 2) if values else None
+
+
+# --------------------------------------------------------------------------- workers (own process)
+
+
+def inprocess_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Load the Flat searcher here; time passage encoding, query encoding vs FAISS search, and
+    Searcher.search at several batch sizes. Runs in a process of its own (see Bench.inprocess_stage)."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from ragrl.retrieval.dense import load_faiss_index
+    from ragrl.retrieval.encoder import passage_contents
+    from ragrl.retrieval.searcher import load_searcher
+
+    bench = Bench(args)
+    d, topk = args.inproc_duration, args.topk
+    qs = bench.questions()
+    t = time.monotonic()
+    searcher = load_searcher(bench.index_dir("Flat"))
+    res: dict[str, Any] = {"load_s": round(time.monotonic() - t, 2), "torch_threads": torch.get_num_threads(),
+                           "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                                   "OMP_WAIT_POLICY")},
+                           "topk": topk, "questions": len(qs), "loadavg_start": loadavg()}
+    enc = searcher.dense.encoder
+    log(f"  [worker] searcher loaded in {res['load_s']} s, torch threads {res['torch_threads']}")
+
+    if args.encode_sample > 0:
+        # Steady state with the model loaded: separates startup from per-passage cost.
+        sample_n = min(args.encode_sample, bench.num_passages())
+        table = pq.read_table(bench.passages, columns=["title", "text"]).slice(0, sample_n)
+        texts = passage_contents(table)
+        enc.encode_passages(texts[:64], show_progress=False)  # warm-up
+        t = time.perf_counter()
+        enc.encode_passages(texts, show_progress=False)
+        secs = time.perf_counter() - t
+        res["passage_encode_steady"] = {"passages": sample_n, "seconds": round(secs, 2),
+                                        "passages_per_s": round(sample_n / secs, 1)}
+        log(f"  [worker] steady-state passage encode: {res['passage_encode_steady']['passages_per_s']} passages/s")
+        del table, texts
+
+    # Where a query's time goes: encoding vs FAISS search per index type, batch 1 vs 64.
+    parts: dict[str, Any] = {}
+    enc.encode_queries(qs[:64])
+    parts["encode"] = {str(b): timed_loop(enc.encode_queries, qs, b, min(d, 5)) for b in (1, 64)}
+    vecs = enc.encode_queries(qs[: min(len(qs), 1024)])
+    for factory in args.factories:
+        index = searcher.dense.index if factory == "Flat" else load_faiss_index(bench.index_dir(factory))
+        pos = {"n": 0}
+
+        def faiss_search(chunk: list[str], index=index, pos=pos) -> None:
+            lo = pos["n"] % len(vecs)
+            rows = np.take(vecs, np.arange(lo, lo + len(chunk)), axis=0, mode="wrap")
+            pos["n"] += len(chunk)
+            index.search(rows, topk)
+
+        index.search(vecs[:64], topk)
+        parts[f"faiss_{factory}"] = {"search_params": index.search_params,
+                                     **{str(b): timed_loop(faiss_search, qs, b, min(d, 5)) for b in (1, 64)}}
+        if factory != "Flat":
+            del index
+            gc.collect()
+    res["parts"] = parts
+    for name, p in parts.items():
+        log(f"  [worker] {name}: batch 1 {p['1']['ms_per_query']} ms/query, batch 64 {p['64']['ms_per_query']} ms/query")
+
+    # End to end, as the service calls it: encode + search + passage lookup.
+    searcher.search(qs[:64], topk)
+    res["searcher"] = {}
+    for b in args.inproc_batches:
+        r = timed_loop(lambda chunk: searcher.search(chunk, topk), qs, b, d)
+        res["searcher"][str(b)] = r
+        log(f"  [worker] Searcher.search batch {b}: {r['qps']} queries/s, {r['ms_per_call_p50']} ms/call p50, "
+            f"{r['ms_per_call_p99']} ms/call p99")
+    # Single queries with a 5 ms pause between them: a server at low load sees exactly this.
+    r = timed_loop(lambda chunk: (searcher.search(chunk, topk), time.sleep(0.005)), qs, 1, d)
+    res["searcher_batch1_with_5ms_gaps"] = r
+    log(f"  [worker] Searcher.search batch 1 with 5 ms gaps: {r['ms_per_call_p50']} ms/call p50 "
+        f"(includes the 5 ms sleep), p99 {r['ms_per_call_p99']}")
+    res["loadavg_end"] = loadavg()
+    return res
+
+
+def bm25q_worker(args: argparse.Namespace) -> dict[str, Any]:
+    from ragrl.retrieval.searcher import load_searcher
+
+    bench = Bench(args)
+    qs = bench.questions()
+    t = time.monotonic()
+    searcher = load_searcher(None, bench.out / "index" / "bm25")
+    res: dict[str, Any] = {"load_s": round(time.monotonic() - t, 2), "topk": args.topk, "loadavg_start": loadavg()}
+    searcher.search(qs[:8], args.topk)
+    res["searcher"] = {}
+    for b in (1, 64):
+        r = timed_loop(lambda chunk: searcher.search(chunk, args.topk), qs, b, args.inproc_duration)
+        res["searcher"][str(b)] = r
+        log(f"  [worker] BM25 Searcher.search batch {b}: {r['qps']} queries/s")
+    res["bm25_only"] = {}
+    for b in (1, 64):
+        r = timed_loop(lambda chunk: searcher.bm25.search(chunk, args.topk), qs, b, min(args.inproc_duration, 5))
+        res["bm25_only"][str(b)] = r
+    return res
+
+
+class RetrievalServer:
+    """`ragrl serve-retriever` on 127.0.0.1 in a subprocess; stopped by its pid."""
+
+    def __init__(self, index_dir: Path, cfg: dict[str, Any], log_path: Path, startup_timeout: float) -> None:
+        self.index_dir = index_dir
+        self.cfg = cfg
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self.sampler: RssSampler | None = None
+        self.startup_s: float | None = None
+
+    def __enter__(self) -> RetrievalServer:
+        import httpx
+
+        with socket.socket() as s:  # ephemeral port; the tiny race with other binders is acceptable here
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = ragrl_cmd("serve-retriever", "--index", str(self.index_dir), "--host", "127.0.0.1",
+                        "--port", str(self.port), "--max-batch", str(self.cfg["max_batch"]),
+                        "--batch-window-ms", str(self.cfg["batch_window_ms"]))
+        log(f"  starting server {self.cfg} on {self.url} (log: {self.log_path})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        start = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(self.cfg["env"]))
+        self.sampler = RssSampler(self.proc.pid, interval=0.2)
+        self.sampler.start()
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
+                if time.monotonic() - start > self.startup_timeout:
+                    raise TimeoutError(f"server not healthy after {self.startup_timeout} s; see {self.log_path}")
+                try:
+                    if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.25)
+        except BaseException:
+            self.__exit__()
+            raise
+        self.startup_s = round(time.monotonic() - start, 2)
+        log(f"  server pid {self.proc.pid} healthy after {self.startup_s} s")
+        return self
+
+    def health(self) -> dict[str, Any]:
+        import httpx
+
+        return httpx.get(f"{self.url}/health", timeout=30.0).json()
+
+    def cpu_s(self) -> float | None:
+        return _proc_cpu_s(self.proc.pid) if self.proc else None
+
+    def rss_mb(self) -> float:
+        return round(_proc_status_kb(self.proc.pid).get("VmRSS", 0) / 1024, 1)
+
+    def peak_rss_mb(self) -> float:
+        return round(_proc_status_kb(self.proc.pid).get("VmHWM", 0) / 1024, 1)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # by pid: exactly the process this object started
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.sampler is not None:
+            self.sampler.stop()
+        if getattr(self, "_log", None):
+            self._log.close()
+        log(f"  server stopped (exit {self.proc.returncode if self.proc else None})")
+
+
+def load_test(server: RetrievalServer, queries: list[str], clients: int, duration: float, topk: int,
+              warmup_requests: int) -> tuple[dict[str, Any], list[float]]:
+    """`clients` closed-loop threads, each sending one single-query request at a time for `duration` s."""
+    import httpx
+
+    ready = threading.Barrier(clients + 1)  # every client warmed up and connected
+    go = threading.Barrier(clients + 1)  # deadline set, counters read: start
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+    error_samples: list[str] = []
+    ends = [0.0] * clients
+    state = {"deadline": 0.0}
+    stride = max(1, len(queries) // clients)
+
+    def worker(i: int) -> None:
+        with httpx.Client(timeout=120.0) as http:
+            j = i * stride
+            for _ in range(warmup_requests):  # opens the keep-alive connection, warms the path
+                try:
+                    http.post(f"{server.url}/retrieve", json={"queries": [queries[j % len(queries)]], "topk": topk})
+                except httpx.HTTPError:
+                    pass
+                j += 1
+            ready.wait()
+            go.wait()
+            deadline = state["deadline"]
+            while time.monotonic() < deadline:
+                q = queries[j % len(queries)]
+                j += 1
+                t = time.perf_counter()
+                try:
+                    r = http.post(f"{server.url}/retrieve",
+                                  json={"queries": [q], "topk": topk, "return_scores": True})
+                    ok = r.status_code == 200 and len(r.json()["result"][0]) == topk
+                    if not ok and len(error_samples) < 5:
+                        error_samples.append(f"HTTP {r.status_code}: {r.text[:200]}")
+                except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+                    ok = False
+                    if len(error_samples) < 5:
+                        error_samples.append(f"{type(exc).__name__}: {exc}")
+                elapsed = time.perf_counter() - t
+                if ok:
+                    latencies[i].append(elapsed)
+                else:
+                    errors[i] += 1
+            ends[i] = time.monotonic()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    for th in threads:
+        th.start()
+    ready.wait()
+    stats_before = server.health().get("batching", {})
+    cpu_before = server.cpu_s()
+    self_before = resource.getrusage(resource.RUSAGE_SELF)
+    state["deadline"] = time.monotonic() + duration
+    start = time.monotonic()
+    go.wait()
+    for th in threads:
+        th.join()
+    wall = max(ends) - start
+    cpu_after = server.cpu_s()
+    self_after = resource.getrusage(resource.RUSAGE_SELF)
+    stats_after = server.health().get("batching", {})
+    lat = [x for per in latencies for x in per]
+    n = len(lat)
+    batches = stats_after.get("batches", 0) - stats_before.get("batches", 0)
+    served_queries = stats_after.get("queries", 0) - stats_before.get("queries", 0)
+    server_cpu = (cpu_after - cpu_before) if cpu_before is not None and cpu_after is not None else None
+    client_cpu = (self_after.ru_utime + self_after.ru_stime) - (self_before.ru_utime + self_before.ru_stime)
+    return {
+        "clients": clients,
+        "requests": n,
+        "errors": sum(errors),
+        "error_samples": error_samples,
+        "seconds": round(wall, 3),
+        "qps": round(n / wall, 1) if wall > 0 else None,
+        "p50_ms": round(pct(lat, 50) * 1000, 2),
+        "p90_ms": round(pct(lat, 90) * 1000, 2),
+        "p99_ms": round(pct(lat, 99) * 1000, 2),
+        "max_ms": round(max(lat) * 1000, 2) if lat else None,
+        "server_batches": batches,
+        "server_mean_batch": round(served_queries / batches, 2) if batches else None,
+        "server_largest_batch_ever": stats_after.get("largest_batch_queries"),
+        "server_cpu_s": round(server_cpu, 2) if server_cpu is not None else None,
+        "server_cpu_ms_per_request": round(server_cpu / n * 1000, 2) if server_cpu is not None and n else None,
+        "client_cpu_s": round(client_cpu, 2),
+        "client_cpu_ms_per_request": round(client_cpu / n * 1000, 2) if n else None,
+    }, lat
+
+
+# --------------------------------------------------------------------------- report
+
+
+def summary_markdown(r: dict[str, Any]) -> str:
+    L: list[str] = []
+    m = r.get("machine", {})
+    L.append("## Retrieval benchmark")
+    L.append("")
+    L.append(f"Command: `{r['command']}`  ")
+    L.append(f"Machine: {m.get('cpu_count')} CPUs ({m.get('cpu_model')}), {m.get('mem_total_gib')} GiB RAM, "
+             f"{m.get('platform')}, versions {m.get('versions')}.  ")
+    L.append("Load average (1 min) at stage starts: "
+             + ", ".join(f"{k} {v[0]}" for k, v in r.get("loadavg", {}).items() if "/" not in k))
+    L.append("")
+    if "world" in r:
+        w = r["world"]
+        L.append(f"World: size `{w['size']}`, seed {w['seed']}: {w['passages']} passages, "
+                 f"questions {w['questions']} (generated in {w['wall_s']} s).")
+        L.append("")
+    if "embed" in r and "passages_per_s" in r["embed"]:
+        e = r["embed"]
+        L.append(f"### Build ({e['passages']} passages)")
+        L.append("")
+        L.append(f"Embedding ({e['model']}, batch {e['batch_size']}, max_length {e['max_length']}, "
+                 f"{e['num_shards']} shards one after another): {e['wall_s_total']} s, "
+                 f"**{e['passages_per_s']} passages/s** end to end (process start + model load included), "
+                 f"peak RSS {e['peak_rss_mb_max']} MB per shard process, embeddings {e['embeddings_mb']} MB.")
+        cpu = sum(s["cpu_user_s"] + s["cpu_sys_s"] for s in e["shards"])
+        L.append(f"CPU time of the shard processes: {cpu:.0f} s, i.e. {e['passages'] / cpu:.1f} passages per "
+                 f"CPU-second (wall/CPU = {e['wall_s_total'] / cpu:.2f}; on a 2-core machine an unshared run "
+                 f"would approach 0.5).")
+        steady = r.get("inprocess", {}).get("default", {}).get("passage_encode_steady")
+        if steady:
+            L.append(f"Steady-state encode with the model loaded: {steady['passages_per_s']} passages/s "
+                     f"({steady['passages']} passages).")
+        L.append("")
+    if "build" in r:
+        L.append("| index | build s (wall) | CPU s | passages/s | peak RSS MB | anon / file-backed peak MB (sampled) "
+                 "| index MB | embeddings MB | peak RSS − index MB |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for f, b in r["build"].items():
+            L.append(f"| {f} | {b['wall_s']} | {b['cpu_user_s'] + b['cpu_sys_s']:.1f} | {b['passages_per_s']} | "
+                     f"{b['peak_rss_mb']} | {b['sampled_peak_rss_anon_mb']} / {b['sampled_peak_rss_file_mb']} | "
+                     f"{b['index_mb']} | {b['embeddings_mb']} | {b['peak_rss_minus_index_mb']} |")
+        base = r.get("build_import_baseline")
+        if base:
+            L.append("")
+            L.append(f"Import baseline (python + faiss/numpy/pyarrow/ragrl.retrieval.dense, nothing built): "
+                     f"peak RSS {base['peak_rss_mb']} MB.")
+        L.append("")
+    if "bm25_build" in r:
+        b = r["bm25_build"]
+        L.append(f"BM25 build: {b['wall_s']} s ({b['passages_per_s']} passages/s), peak RSS {b['peak_rss_mb']} MB, "
+                 f"index {b['index_mb']} MB.")
+        L.append("")
+    for name, ip in r.get("inprocess", {}).items():
+        L.append(f"### In-process, threads `{name}` (Flat index, model loaded; peak RSS {ip['process']['peak_rss_mb']} MB)")
+        L.append("")
+        L.append("| part | batch 1: ms/query | batch 64: ms/query |")
+        L.append("|---|---:|---:|")
+        for part, p in ip["parts"].items():
+            L.append(f"| {part} | {p['1']['ms_per_query']} | {p['64']['ms_per_query']} |")
+        L.append("")
+        L.append("| Searcher.search batch | queries/s | ms/call p50 | ms/call p99 |")
+        L.append("|---:|---:|---:|---:|")
+        for b, s in ip["searcher"].items():
+            L.append(f"| {b} | {s['qps']} | {s['ms_per_call_p50']} | {s['ms_per_call_p99']} |")
+        g = ip.get("searcher_batch1_with_5ms_gaps")
+        if g:
+            L.append(f"| 1, 5 ms pause between calls | {g['qps']} | {g['ms_per_call_p50']} | {g['ms_per_call_p99']} |")
+        L.append("")
+    svc = r.get("service")
+    if svc:
+        L.append(f"### Service (Flat, single-query requests, topk {svc['topk']}, {svc['duration_s']} s per setting, "
+                 f"{svc['rounds']} round(s))")
+        L.append("")
+        L.append("| server | clients | req/s (median [min–max]) | p50 ms | p99 ms | mean batch | server CPU ms/req "
+                 "| client CPU ms/req | errors |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for name, v in svc["variants"].items():
+            cfg = v["config"]
+            env = " ".join(f"{k}={x}" for k, x in cfg["env"].items())
+            label = f"{name} (max_batch {cfg['max_batch']}, window {cfg['batch_window_ms']} ms{', ' + env if env else ''})"
+            for c, s in v.get("summary", {}).items():
+                L.append(f"| {label} | {c} | {s['qps_median']} [{s['qps_min']}–{s['qps_max']}] | {s['p50_ms']} | "
+                         f"{s['p99_ms']} | {s['mean_batch']} | {s['server_cpu_ms_per_request']} | "
+                         f"{s['client_cpu_ms_per_request']} | {s['errors']} |")
+        L.append("")
+    rat = r.get("ratios")
+    if rat:
+        L.append("Ratios (queries/s over queries/s, same run; server variants against the in-process "
+                 "baseline with the same threading):")
+        L.append("")
+        L.append("| threads | clients | micro-batched / serialized | window-0 / serialized | micro-batched / "
+                 "in-process batch 1 | micro-batched / in-process batch 64 | serialized / in-process batch 1 |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|")
+        for threads, part in rat.items():
+            for c, row in part.items():
+                if c.startswith("clients_"):
+                    L.append(f"| {threads} | {c.removeprefix('clients_')} | {row['microbatch_over_serialized']} | "
+                             f"{row.get('microbatch_w0_over_serialized', '')} | "
+                             f"{row['microbatch_over_inprocess_batch1']} | {row['microbatch_over_inprocess_batch64']} | "
+                             f"{row['serialized_over_inprocess_batch1']} |")
+        L.append("")
+        L.append("In-process batch 64 / batch 1: "
+                 + ", ".join(f"{t} {p.get('inprocess_batch64_over_batch1')}" for t, p in rat.items()))
+        L.append("")
+    bq = r.get("bm25_query")
+    if bq:
+        L.append("### BM25 queries (in-process)")
+        L.append("")
+        L.append("| batch | Searcher.search queries/s | ms/query | BM25Index.search only, queries/s |")
+        L.append("|---:|---:|---:|---:|")
+        for b, s in bq["searcher"].items():
+            L.append(f"| {b} | {s['qps']} | {s['ms_per_query']} | {bq.get('bm25_only', {}).get(b, {}).get('qps')} |")
+        L.append("")
+    if r.get("failed_stages"):
+        L.append(f"**Failed stages:** {r['failed_stages']}")
+    return "\n".join(L)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--out-dir", type=Path, default=Path("/tmp/ragrl-bench"))
+    p.add_argument("--size", default="bench", help="world size: tiny | small | medium | bench | N people (default bench)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES),
+                   help="stages to run; without `world`, later stages reuse what an earlier run left in --out-dir "
+                        "and their figures are merged into its results.json")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=64, help="encoder batch size (the workflow's default)")
+    p.add_argument("--max-length", type=int, default=256, help="encoder max tokens (the workflow's default)")
+    p.add_argument("--factories", nargs="+", default=["Flat", "HNSW32"],
+                   help="FAISS factories to build; the service uses Flat (must be first)")
+    p.add_argument("--clients", nargs="+", type=int, default=[1, 16, 64])
+    p.add_argument("--variants", nargs="+", default=["microbatch", "microbatch_w0", "serialized", "microbatch_1thread",
+                                                     "serialized_1thread"],
+                   choices=list(SERVICE_VARIANTS))
+    p.add_argument("--rounds", type=int, default=1, help="repeat every service variant this often (noisy machines)")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds per service setting (<= 20 recommended)")
+    p.add_argument("--inproc-duration", type=float, default=10.0, help="seconds per in-process measurement")
+    p.add_argument("--inproc-batches", nargs="+", type=int, default=[1, 16, 64])
+    p.add_argument("--inproc-threads", nargs="+", default=["default", "1thread"], choices=list(THREAD_ENVS))
+    p.add_argument("--encode-sample", type=int, default=1024, help="passages for the steady-state encode rate")
+    p.add_argument("--warmup-requests", type=int, default=1, help="per client, before each timed setting")
+    p.add_argument("--topk", type=int, default=3, help="Search-R1's default retrieval topk")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--report-only", action="store_true",
+                   help="print (and rewrite) the markdown summary of OUT_DIR/results.json; measure nothing")
+    p.add_argument("--worker", choices=["inprocess", "bm25q"], help=argparse.SUPPRESS)
+    p.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.factories[0] != "Flat":
+        p.error("--factories must start with Flat (the service and in-process stages use it)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        res = (inprocess_worker if args.worker == "inprocess" else bm25q_worker)(args)
+        args.worker_out.write_text(json.dumps(res, indent=2) + "\n")
+        return 0
+    if args.report_only:
+        results_path = args.out_dir / "results.json"
+        results = json.loads(results_path.read_text())
+        results["ratios"] = compute_ratios(results)
+        md = summary_markdown(results)
+        (args.out_dir / "summary.md").write_text(md + "\n")
+        print(md)
+        return 0
+    bench = Bench(args)
+    bench.out.mkdir(parents=True, exist_ok=True)
+    if "world" not in args.stages and bench.results_path.exists():
+        previous = json.loads(bench.results_path.read_text())
+        commands = previous.get("commands", [previous.get("command")])
+        previous.update({k: v for k, v in bench.results.items() if k not in ("loadavg", "started")})
+        previous["commands"] = [*commands, bench.results["command"]]
+        previous.setdefault("loadavg", {})
+        previous.pop("failed_stages", None)
+        bench.results = previous
+        log(f"merging into {bench.results_path} (earlier stages: {sorted(k for k in previous if k in ('world', 'embed', 'build'))})")
+    else:
+        bench.results["commands"] = [bench.results["command"]]
+    log(f"out dir {bench.out}; stages {args.stages}; machine {bench.results['machine']}")
+    stage_fns = {
+        "world": bench.world_stage,
+        "embed": bench.embed_stage,
+        "build": bench.build_stage,
+        "bm25": bench.bm25_stage,
+        "inprocess": bench.inprocess_stage,
+        "service": bench.service_stage,
+        "bm25q": bench.bm25q_stage,
+    }
+    failed = []
+    for name in STAGES:
+        if name not in args.stages:
+            continue
+        t = time.monotonic()
+        try:
+            stage_fns[name]()
+        except Exception as exc:  # noqa: BLE001 - record, keep what the other stages can still measure
+            log(f"stage {name} FAILED: {type(exc).__name__}: {exc}")
+            bench.results.setdefault("failed_stages", {})[name] = f"{type(exc).__name__}: {exc}"[:4000]
+            failed.append(name)
+            if name in ("world", "embed", "build"):
+                bench.save()
+                break  # everything later depends on these
+        bench.results.setdefault("stage_seconds", {})[name] = round(time.monotonic() - t, 1)
+        bench.save()
+    if "service" in args.stages or "inprocess" in args.stages:
+        bench.add_ratios()
+    bench.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    bench.results["total_seconds_last_run"] = round(time.monotonic() - _T0, 1)
+    bench.save()
+    md = summary_markdown(bench.results)
+    (bench.out / "summary.md").write_text(md + "\n")
+    print(md)
+    log(f"results: {bench.results_path}; summary: {bench.out / 'summary.md'}; "
+        f"total {bench.results['total_seconds_last_run']} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
