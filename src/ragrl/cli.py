@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch", type=int, default=64, help="queries gathered into one encode + search")
     p.add_argument("--max-topk", type=int, default=50)
-    p.add_argument("--batch-window-ms", type=float, default=5.0)
+    p.add_argument("--batch-window-ms", type=float, default=0.0, help="extra wait to gather a batch; 0: batch whatever queued while the last batch ran (fastest here, docs/BENCHMARKS.md)")
     p.set_defaults(func=_cmd_serve_retriever)
 
     p = sub.add_parser("serve-kg", help="HTTP KG server (KG-R1's batch POST /retrieve) over a KG directory")

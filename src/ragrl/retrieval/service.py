@@ -192,7 +192,7 @@ def create_app(
     searcher: Searcher | SearchFn,
     max_batch: int = 64,
     max_topk: int = 50,
-    batch_window_ms: float = 5.0,
+    batch_window_ms: float = 0.0,
     *,
     max_query_chars: int = 4096,
     max_queries: int | None = None,
@@ -262,7 +262,7 @@ def serve(
     mode: str | None = None,
     max_batch: int = 64,
     max_topk: int = 50,
-    batch_window_ms: float = 5.0,
+    batch_window_ms: float = 0.0,
     log_level: str = "info",
     **searcher_kwargs: Any,
 ) -> None:
