@@ -1,10 +1,11 @@
-# Search agents (Search-R1, RAG-R1): gold-trajectory SFT data → SFT → merge → RL → merge →
-# evaluation of every run (base, no-retrieval, SFT, SFT+RL) on every evaluation dataset.
+# Agents (Search-R1, RAG-R1, KG-R1): gold-trajectory SFT data → SFT → merge → RL → merge →
+# evaluation of every run (base, no-retrieval, SFT, SFT+RL) on its evaluation datasets. A recipe's
+# environment reads a retriever's indexes, or (env kg) the KG its dataset names in config.
 
 
 rule sft_data:
     input:
-        unpack(lambda wc: recipe_retriever_inputs(wc.recipe)),
+        unpack(lambda wc: recipe_env_inputs(wc.recipe)),
         qa=lambda wc: qa_path(recipe(wc.recipe)["train_dataset"]),
         policy=policy_inputs(),
     output:
@@ -12,7 +13,7 @@ rule sft_data:
         stats=f"{RESULTS}/sft_data/{{recipe}}.stats.json",
     params:
         recipe=lambda wc: recipe_json(recipe_part(wc.recipe, "sft_data")),
-        retriever=lambda wc, input: _retriever_flags(input, recipe(wc.recipe)["retriever"]),
+        env=recipe_env_flags,
         policy=policy_arg,
         limit=lambda wc: recipe(wc.recipe)["sft"].get("limit") or 0,
     log:
@@ -25,7 +26,7 @@ rule sft_data:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl sft-data --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.retriever}"
+        "python -m ragrl sft-data --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.env}"
         " --qa {input.qa} --policy {params.policy} --limit {params.limit} --out {output.data} > {log} 2>&1"
 
 
@@ -75,7 +76,7 @@ rule merge_sft:
 
 rule rl:
     input:
-        unpack(lambda wc: recipe_retriever_inputs(wc.recipe)),
+        unpack(lambda wc: recipe_env_inputs(wc.recipe)),
         qa=lambda wc: qa_path(recipe(wc.recipe)["train_dataset"]),
         start=lambda wc: rl_start_model(wc.recipe) if sft_enabled(wc.recipe) else policy_inputs(),
     output:
@@ -85,7 +86,7 @@ rule rl:
         log=f"{RESULTS}/train/{{recipe}}_rl/train_log.jsonl",
     params:
         recipe=lambda wc: recipe_json(recipe_part(wc.recipe, "rl")),
-        retriever=lambda wc, input: _retriever_flags(input, recipe(wc.recipe)["retriever"]),
+        env=recipe_env_flags,
         start=lambda wc, input: input.start if sft_enabled(wc.recipe) else policy_param(wc, input.start),
         work=lambda wc, output: os.path.dirname(os.path.dirname(output.model)),
     log:
@@ -98,7 +99,7 @@ rule rl:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl rl --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.retriever}"
+        "python -m ragrl rl --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.env}"
         " --qa {input.qa} --policy {params.start} --out {params.work} --log-out {output.log} > {log} 2>&1"
 
 
@@ -133,7 +134,7 @@ rule eval:
     params:
         recipe=run_settings_json,
         name=lambda wc: runs()[wc.run]["recipe"],
-        retriever=run_retriever_args,
+        env=run_env_args,
         model=run_model_arg,
         max_questions=config["evaluation"]["max_questions"] or 0,
         batch_size=config["evaluation"]["batch_size"],
@@ -148,7 +149,7 @@ rule eval:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl eval --recipe {params.recipe:q} --recipe-name {params.name} {params.retriever}"
+        "python -m ragrl eval --recipe {params.recipe:q} --recipe-name {params.name} {params.env}"
         " --model {params.model} --qa {input.qa} --run-id {wildcards.run} --dataset {wildcards.dataset}"
         " --max-questions {params.max_questions} --batch-size {params.batch_size} --out {params.out} > {log} 2>&1"
 

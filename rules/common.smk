@@ -21,6 +21,17 @@ from ragrl.models import ModelNameError, check_model_name  # noqa: E402
 from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: E402
 
 
+# A --configfile is merged into config/config.yaml key by key and cannot remove an entry, so in the
+# named collections an entry set to null (`recipes: {rag_r1: null}`) removes the default's entry.
+# config/paper/*.yaml use this to drop the embedded default's toy corpora, datasets and recipes.
+for _path in (("corpora",), ("datasets",), ("recipes",), ("kgs",), ("retrieval", "indexes"), ("resources", "rules")):
+    _node = config
+    for _key in _path:
+        _node = _node.get(_key) if isinstance(_node, dict) else None
+    if isinstance(_node, dict):
+        for _name in [k for k, v in _node.items() if v is None]:
+            del _node[_name]
+
 _errors = config_errors(config, Path(workflow.basedir) / "config/schemas/config.schema.yaml")
 if _errors:
     raise WorkflowError("invalid config:\n  " + "\n  ".join(_errors))
@@ -51,11 +62,21 @@ def _check_references():
             errors.append(f"config key 'retrieval.indexes.{name}': '{name}' is reserved for the sparse/hybrid retrievers")
     if retrieval["hybrid"] and not (retrieval["bm25"] and retrieval["indexes"]):
         errors.append("config key 'retrieval.hybrid': needs retrieval.bm25 and at least one dense index")
+    for name, spec in config["datasets"].items():
+        if "kg" in spec and spec["kg"] not in config["kgs"]:
+            errors.append(f"config key 'datasets.{name}.kg': '{spec['kg']}' is not a key of kgs {sorted(config['kgs'])}")
     for name, settings in config["recipes"].items():
-        if settings["retriever"] not in retrievers():
-            errors.append(f"config key 'recipes.{name}.retriever': '{settings['retriever']}' is not one of {retrievers()}")
-        if settings["train_dataset"] not in config["datasets"]:
-            errors.append(f"config key 'recipes.{name}.train_dataset': '{settings['train_dataset']}' is not a key of datasets")
+        key = f"recipes.{name}"
+        if settings["env"] != "kg" and settings.get("retriever") not in retrievers():
+            errors.append(f"config key '{key}.retriever': '{settings.get('retriever')}' is not one of {retrievers()}")
+        datasets = [("train_dataset", settings["train_dataset"])]
+        datasets += [(f"eval_datasets[{i}]", d) for i, d in enumerate(settings.get("eval_datasets", []))]
+        for field, dataset in datasets:
+            if dataset not in config["datasets"]:
+                errors.append(f"config key '{key}.{field}': '{dataset}' is not a key of datasets")
+            elif settings["env"] == "kg" and "kg" not in config["datasets"][dataset]:
+                errors.append(f"config key '{key}.{field}': dataset '{dataset}' names no kg (datasets.{dataset}.kg), "
+                              "which env kg needs")
     for i, name in enumerate(config["evaluation"]["datasets"]):
         if name not in config["datasets"]:
             errors.append(f"config key 'evaluation.datasets[{i}]': '{name}' is not a key of datasets {sorted(config['datasets'])}")
@@ -127,7 +148,20 @@ def rule_resources(rule_name):
     merged.setdefault("runtime", 30)
     merged.setdefault("gpu", 0)
     merged.pop("threads", None)
+    if not merged["gpu"]:
+        # A gpu_model set in `default` must not turn CPU rules into `--gpus=<model>:0` requests.
+        merged.pop("gpu_model", None)
+    merged["runtime"] = _growing_runtime(merged["runtime"])
     return merged
+
+
+def _growing_runtime(minutes):
+    # A job killed at its time limit is retried (profile `retries`) with twice the time each
+    # attempt: 30 → 60 → 120 minutes, so a too-tight runtime in config costs a retry, not the run.
+    def runtime(wildcards, attempt):
+        return minutes * 2 ** (attempt - 1)
+
+    return runtime
 
 
 def rule_threads(rule_name):
@@ -236,17 +270,19 @@ def recipe_json(settings):
 # setting re-runs exactly the jobs it affects (Snakemake re-runs a job when its params change):
 # a new RL learning rate re-runs that recipe's RL and what follows, not its SFT.
 _ROLLOUT_KEYS = ("env", "retriever", "topk", "max_queries", "rollout", "seed")
+# KG gold paths: the SFT data depend on how many hops a plan may take.
+_SFT_DATA_KEYS = ("limit", "max_hops")
 
 
 def recipe_part(name, stage, settings=None):
     settings = recipe(name) if settings is None else settings
     if stage == "sft_data":
         return {**{k: settings[k] for k in _ROLLOUT_KEYS if k in settings},
-                "sft": {"limit": settings["sft"].get("limit")}}
+                "sft": {k: settings["sft"].get(k) for k in _SFT_DATA_KEYS if k in settings["sft"] or k == "limit"}}
     if stage == "sft":
         return {"sft": settings["sft"], "seed": settings.get("seed", 0)}
     if stage == "rl":
-        return {k: v for k, v in settings.items() if k != "sft"}
+        return {k: v for k, v in settings.items() if k not in ("sft", "eval_datasets")}
     if stage == "eval":
         return {k: settings[k] for k in _ROLLOUT_KEYS if k in settings}
     raise ValueError(stage)
@@ -254,6 +290,47 @@ def recipe_part(name, stage, settings=None):
 
 def recipe_retriever_inputs(name):
     return retriever_files(config["retrieval"]["corpus"], recipe(name)["retriever"])
+
+
+def kg_spec(dataset):
+    """The KG (config kgs entry) a KG agent queries on `dataset`."""
+    return config["kgs"][config["datasets"][dataset]["kg"]]
+
+
+def kg_inputs(dataset):
+    # A world KG is a set of workflow outputs; an external one is a directory given by path.
+    path = kg_spec(dataset)["path"].rstrip("/")
+    if path.startswith(world_dir() + "/kg/"):
+        return {"kg": f"{path}/triples.parquet", "kg_entities": f"{world_dir()}/entities.parquet"}
+    return {"kg": path}
+
+
+def env_inputs(settings, recipe_name, dataset):
+    """What the recipe's environment reads: the index files of its retriever, or the dataset's KG."""
+    if settings["env"] == "none":
+        return {}
+    if settings["env"] == "kg":
+        return kg_inputs(dataset)
+    return recipe_retriever_inputs(recipe_name)
+
+
+def env_flags(input, settings, dataset):
+    """CLI flags naming what the environment reads (see env_inputs)."""
+    if settings["env"] == "none":
+        return ""
+    if settings["env"] == "kg":
+        kg = input["kg"]
+        return f"--kg {os.path.dirname(kg) if kg.endswith('.parquet') else kg} --kg-mode {kg_spec(dataset)['mode']}"
+    return _retriever_flags(input, settings["retriever"])
+
+
+def recipe_env_inputs(name):
+    """Inputs of a recipe's training stages (its train dataset's KG for env kg)."""
+    return env_inputs(recipe(name), name, recipe(name)["train_dataset"])
+
+
+def recipe_env_flags(wildcards, input):
+    return env_flags(input, recipe(wildcards.recipe), recipe(wildcards.recipe)["train_dataset"])
 
 
 def sft_enabled(name):
@@ -273,10 +350,12 @@ def runs():
     """Every evaluated run: id → recipe settings (as passed to the CLI), model dir, stage."""
     out = {}
     names = list(config["recipes"])
-    if config["evaluation"]["baselines"] and names:
-        first = recipe(names[0])
-        out["base"] = {"recipe": names[0], "settings": first, "model": policy_dir(), "stage": "base"}
-        out["no_retrieval"] = {"recipe": names[0], "settings": {**first, "env": "none"}, "model": policy_dir(),
+    # The baselines use the first search recipe's prompt and budgets on evaluation.datasets.
+    search = [n for n in names if recipe(n)["env"] != "kg"]
+    if config["evaluation"]["baselines"] and search:
+        first = recipe(search[0])
+        out["base"] = {"recipe": search[0], "settings": first, "model": policy_dir(), "stage": "base"}
+        out["no_retrieval"] = {"recipe": search[0], "settings": {**first, "env": "none"}, "model": policy_dir(),
                                "stage": "no_retrieval"}
     for name in names:
         if sft_enabled(name):
@@ -294,11 +373,18 @@ def run_model_inputs(run_id):
     return [model]
 
 
+def run_datasets(run_id):
+    """The datasets a run is evaluated on: its recipe's eval_datasets, else evaluation.datasets."""
+    run = runs()[run_id]
+    if run["stage"] in ("base", "no_retrieval"):
+        return config["evaluation"]["datasets"]
+    return run["settings"].get("eval_datasets") or config["evaluation"]["datasets"]
+
+
 def run_inputs(wildcards):
     run = runs()[wildcards.run]
     inputs = {"model": run_model_inputs(wildcards.run), "qa": qa_path(wildcards.dataset)}
-    if run["settings"]["env"] != "none":
-        inputs.update(recipe_retriever_inputs(run["recipe"]))
+    inputs.update(env_inputs(run["settings"], run["recipe"], wildcards.dataset))
     return inputs
 
 
@@ -320,8 +406,8 @@ def run_definition(run_id):
             "evaluation": {k: config["evaluation"][k] for k in ("max_questions",)}}
 
 
-def run_retriever_args(wildcards, input):
-    return _retriever_flags(input, runs()[wildcards.run]["settings"]["retriever"])
+def run_env_args(wildcards, input):
+    return env_flags(input, runs()[wildcards.run]["settings"], wildcards.dataset)
 
 
 def run_model_arg(wildcards, input):
@@ -330,7 +416,7 @@ def run_model_arg(wildcards, input):
 
 
 def eval_outputs():
-    return [f"{RESULTS}/eval/{run}/{dataset}/metrics.json" for run in runs() for dataset in config["evaluation"]["datasets"]]
+    return [f"{RESULTS}/eval/{run}/{dataset}/metrics.json" for run in runs() for dataset in run_datasets(run)]
 
 
 def run_manifests():

@@ -21,6 +21,8 @@ _SMALL = {
     "rollout": {"max_turns": 3, "max_turn_tokens": 64, "max_response_tokens": 2048, "max_obs_tokens": 800},
 }
 RUNS = ["base", "no_retrieval", "search_r1_sft", "search_r1_rl"]
+KG_RUNS = ["kg_r1_sft", "kg_r1_rl"]
+KG_DATASETS = ["world_kgqa_A_test", "world_kgqa_B_test"]
 
 
 def _tiny_config() -> dict:
@@ -36,11 +38,17 @@ def _tiny_config() -> dict:
     cfg["corpora"] = {"world": cfg["corpora"]["world"], "dpr_example": cfg["corpora"]["dpr_example"]}
     cfg["datasets"] = {k: v for k, v in cfg["datasets"].items() if k.startswith("world_") or k == "musique_example"}
     cfg["retrieval"]["indexes"] = {"flat": "Flat"}
-    recipe = cfg["recipes"]["search_r1"]
-    cfg["recipes"] = {"search_r1": {**recipe, **{k: {**recipe[k], **v} for k, v in _SMALL.items()}}}
+    recipes = cfg["recipes"]
+    # The KG agent keeps its own turn budget (two queries per hop): only training is shrunk.
+    kg_small = {k: v for k, v in _SMALL.items() if k != "rollout"}
+    cfg["recipes"] = {
+        "search_r1": {**recipes["search_r1"], **{k: {**recipes["search_r1"][k], **v} for k, v in _SMALL.items()}},
+        "kg_r1": {**recipes["kg_r1"], **{k: {**recipes["kg_r1"][k], **v} for k, v in kg_small.items()}},
+    }
     cfg["evaluation"].update(max_questions=4, batch_size=4)
     for table in cfg["results"]["tables"]:
-        table["runs"] = RUNS
+        if table["name"].startswith("toy_"):
+            table["runs"] = RUNS
     return cfg
 
 
@@ -112,14 +120,20 @@ def test_workflow_runs_end_to_end(tmp_path):
 
     con = duckdb.connect(str(tmp_path / "results/ragrl.duckdb"), read_only=True)
     leaderboard = con.execute("select run_id, dataset, value from leaderboard").fetchall()
-    assert sorted(r[0] for r in leaderboard) == sorted(RUNS)
+    expected = [(r, "world_test") for r in RUNS] + [(r, d) for r in KG_RUNS for d in KG_DATASETS]
+    assert sorted((r[0], r[1]) for r in leaderboard) == sorted(expected)
     steps = con.execute("select run_id, count(*) from train_log group by run_id order by run_id").fetchall()
-    assert steps == [("search_r1_rl", 2)]
-    assert con.execute("select count(*) from predictions").fetchone()[0] == 4 * len(RUNS)
-    assert con.execute("select count(*) from jobs where rule = 'rl'").fetchone()[0] == 1
+    assert steps == [("kg_r1_rl", 2), ("search_r1_rl", 2)]
+    # The KG agent's log carries KG-R1's reward parts (turn rewards feed the turn-level advantage).
+    assert con.execute("select count(turn_reward_mean) from train_log where run_id = 'kg_r1_rl'").fetchone()[0] == 2
+    assert con.execute("select count(*) from predictions").fetchone()[0] == 4 * len(expected)
+    assert con.execute("select count(*) from jobs where rule = 'rl'").fetchone()[0] == 2
     table = (tmp_path / "results/tables/toy_em.md").read_text()
-    for run_id, _, value in leaderboard:
-        assert run_id in table and f"{value:.3f}" in table
+    for run_id, dataset, value in leaderboard:
+        if dataset == "world_test":
+            assert run_id in table and f"{value:.3f}" in table
+    kg_table = (tmp_path / "results/tables/kg_transfer_em.md").read_text()
+    assert all(r in kg_table for r in KG_RUNS) and all(d in kg_table for d in KG_DATASETS)
     assert (tmp_path / "results/plots/metrics_em.png").stat().st_size > 0
     # Nothing left to do: a second run is a no-op.
     again = _snakemake(tmp_path, TINY, "-n")
@@ -146,6 +160,10 @@ def test_workflow_runs_end_to_end(tmp_path):
         ({"wrold": {}}, "config key 'wrold': unknown key"),
         ({"models": {"policy": "nonsense"}}, "config key 'models.policy': unknown model name"),
         ({"models": {"embedding": "./no/such/dir"}}, "config key 'models.embedding': model path './no/such/dir' does not exist"),
+        ({"datasets": {"q": {"format": "kgqa", "path": "q.jsonl", "kg": "nope"}}}, "config key 'datasets.q.kg'"),
+        ({"datasets": {"qa": {"format": "parquet", "path": "qa.parquet"}},
+          "recipes": {"kg_r1": {"env": "kg", "train_dataset": "qa"}}},
+         "config key 'recipes.kg_r1.train_dataset': dataset 'qa' names no kg"),
     ],
 )
 def test_bad_config_stops_before_any_job(tmp_path, config, needle):

@@ -22,7 +22,7 @@ def _cmd_world(args: argparse.Namespace) -> None:
 
 
 def _cmd_model_tiny(args: argparse.Namespace) -> None:
-    from ragrl.toy.tiny_model import TinyModelSpec, build_tiny
+    from ragrl.toy.tiny_model import TinyModelSpec, build_tiny, with_prompt_text
     from ragrl.toy.world import world_text
 
     spec = TinyModelSpec(
@@ -30,7 +30,7 @@ def _cmd_model_tiny(args: argparse.Namespace) -> None:
         num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, intermediate_size=args.intermediate_size,
         seed=args.seed,
     )
-    out = build_tiny(world_text(args.world), args.out, spec)
+    out = build_tiny(with_prompt_text(world_text(args.world)), args.out, spec)
     print(f"tiny policy written to {out}")
 
 
@@ -38,6 +38,11 @@ def _cmd_model_generate(args: argparse.Namespace) -> None:
     from ragrl.io import write_text
     from ragrl.toy.tiny_model import generate_text
 
+    import os
+
+    # This smoke check is the cheapest job that can ask for a GPU; its log shows which devices
+    # the scheduler gave it (SLURM sets CUDA_VISIBLE_DEVICES for a --gpus job).
+    print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}")
     text = generate_text(args.model, args.prompt, max_new_tokens=args.max_new_tokens, seed=args.seed)
     print(f"prompt: {args.prompt!r}\ncompletion: {text!r}")
     if args.out:
@@ -159,16 +164,32 @@ def _recipe(args: argparse.Namespace):
     return parse_recipe(args.recipe, args.recipe_name)
 
 
-def _agent_retriever(args: argparse.Namespace):
+def _agent_retriever(args: argparse.Namespace, recipe):
+    """What the recipe's environment queries: a passage retriever, a KG, or nothing."""
+    if recipe.env == "kg":
+        from ragrl.stages.kg_agent import load_kg_backend
+
+        return load_kg_backend(args.kg, args.kg_mode, args.kg_url)
     from ragrl.stages.search_agent import load_retriever
 
     return load_retriever(args.index, args.bm25, args.mode)
 
 
-def _cmd_sft_data(args: argparse.Namespace) -> None:
-    from ragrl.stages.search_agent import sft_data
+def _agent_stages(recipe):
+    # The KG agent has its own stages (gold KG paths, KG-R1 turn rewards); search and RAG share one.
+    if recipe.env == "kg":
+        from ragrl.stages import kg_agent
 
-    sft_data(_recipe(args), args.qa, args.policy, _agent_retriever(args), args.out, limit=args.limit or None)
+        return kg_agent
+    from ragrl.stages import search_agent
+
+    return search_agent
+
+
+def _cmd_sft_data(args: argparse.Namespace) -> None:
+    recipe = _recipe(args)
+    _agent_stages(recipe).sft_data(recipe, args.qa, args.policy, _agent_retriever(args, recipe), args.out,
+                                   limit=args.limit or None)
 
 
 def _cmd_sft(args: argparse.Namespace) -> None:
@@ -184,18 +205,23 @@ def _cmd_merge(args: argparse.Namespace) -> None:
 
 
 def _cmd_rl(args: argparse.Namespace) -> None:
-    from ragrl.stages.search_agent import rl
+    recipe = _recipe(args)
+    if recipe.rl.get("backend") == "verl":  # multi-GPU RL on Ray, same outputs (docs/VERL.md)
+        from ragrl.train.verl.launch import run_verl
 
-    final = rl(_recipe(args), args.qa, args.policy, _agent_retriever(args), args.out, limit=args.limit or None,
-               log_out=args.log_out)
+        final = run_verl(recipe, args.qa, args.policy, args.out, index=args.index, bm25=args.bm25, mode=args.mode,
+                         limit=args.limit or None, log_out=args.log_out)
+    else:
+        final = _agent_stages(recipe).rl(recipe, args.qa, args.policy, _agent_retriever(args, recipe), args.out,
+                                         limit=args.limit or None, log_out=args.log_out)
     print(f"RL policy written to {final}")
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
-    from ragrl.stages.search_agent import evaluate
-
-    metrics = evaluate(_recipe(args), args.model, args.qa, _agent_retriever(args), args.out, run_id=args.run_id,
-                       dataset=args.dataset, max_questions=args.max_questions or None, batch_size=args.batch_size)
+    recipe = _recipe(args)
+    metrics = _agent_stages(recipe).evaluate(recipe, args.model, args.qa, _agent_retriever(args, recipe), args.out,
+                                             run_id=args.run_id, dataset=args.dataset,
+                                             max_questions=args.max_questions or None, batch_size=args.batch_size)
     print(f"{args.run_id} on {args.dataset}: {metrics['metrics']}")
 
 
@@ -249,6 +275,10 @@ def _recipe_args(p: argparse.ArgumentParser, retriever: bool = True) -> None:
     p.add_argument("--recipe-name", default="recipe", help="its name in config, used in error messages")
     if retriever:
         _searcher_args(p)
+        # Recipes with env "kg" (KG-R1) query a KG instead of a passage index.
+        p.add_argument("--kg", type=Path, help="KG dir for env kg (triples parquet dir or simple KGQA format)")
+        p.add_argument("--kg-mode", choices=["whole", "subgraph"], default="whole")
+        p.add_argument("--kg-url", help="a running `ragrl serve-kg` instead of an in-process KG")
 
 
 def build_parser() -> argparse.ArgumentParser:

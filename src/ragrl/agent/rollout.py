@@ -126,6 +126,9 @@ class RolloutEngine:
         """The chat-templated prompt (user turn + assistant header) for one question."""
         instruction = instruction or self.config.instruction
         if instruction is None:
+            # An environment with its own tools (the KG functions) brings its own default prompt.
+            instruction = getattr(self.env, "instruction", None)
+        if instruction is None:
             instruction = DEFAULT_MULTI_QUERY_INSTRUCTION if self.env.spec.multi_query else DEFAULT_INSTRUCTION
         content = build_instruction(question, instruction, self.env.spec.max_queries, self.reserved)
         text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
@@ -201,10 +204,10 @@ class RolloutEngine:
             return []
 
         infos = self.env.respond([a for _, a in pending], self.reserved)
-        searched = getattr(self.env, "last_search_s", 0.0) if any(a.kind == "search" for _, a in pending) else 0.0
+        searched = getattr(self.env, "last_search_s", 0.0) if any(_is_tool_call(a) for _, a in pending) else 0.0
         still: list[Trajectory] = []
         for (t, action), info in zip(pending, infos):
-            if action.kind == "search":
+            if _is_tool_call(action):
                 t.env_time_s += searched
                 t.num_searches += 1
                 t.num_queries += len(action.queries)
@@ -261,6 +264,11 @@ class RolloutEngine:
     def _end(self, t: Trajectory, reason: str, start: float) -> None:
         t.stop_reason = reason
         t.latency_s = time.monotonic() - start
+
+
+def _is_tool_call(action: Action) -> bool:
+    # A parsed call to the environment's tool (<search> or <kg-query>); invalid actions are not.
+    return action.kind not in ("answer", "invalid")
 
 
 def _stops(tokenizer) -> tuple[list[int], list[str]]:

@@ -9,6 +9,10 @@ store an empty struct). Formats:
 - `hotpotqa`, `2wikimultihopqa`: the original JSON arrays; supporting ids are the ids the corpus
   reader gives the context paragraphs named in `supporting_facts`, so they join that corpus.
 - `musique`: MuSiQue jsonl; supporting ids from paragraphs flagged `is_supporting`.
+- `kgqa`: KG question answering (KG-R1): the world's `kgqa/<K>/<split>.parquet`, or jsonl in the
+  "simple" KGQA shape (`question`, `answers: [{kb_id, text}]`, `entities` or `topic_entities`).
+  golden_answers are the answer texts; metadata keeps the answer entities (text and kb_id, which
+  the KG rewards count as one entity) and the topic entities the agent starts from.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ QA_SCHEMA = pa.schema(
         ("metadata", pa.string()),
     ]
 )
-QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique")
+QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique", "kgqa")
 
 Row = dict
 Located = Iterator[tuple[Where, Row]]
@@ -142,7 +146,43 @@ def _musique(path: PathLike) -> Located:
         yield at, _row(qid, question, answers, _unique(supporting), metadata)
 
 
+def _kgqa_records(path: PathLike) -> Located:
+    if str(path).endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        for i, record in enumerate(pq.read_table(path).to_pylist()):
+            yield Where(str(path), record=i), record
+    else:
+        yield from iter_jsonl(path)
+
+
+def _kgqa(path: PathLike) -> Located:
+    for n, (at, record) in enumerate(_kgqa_records(path)):
+        qid = get_id(record, "id", at) if record.get("id") is not None else str(n)
+        question = get_str(record, "question", at, nonblank=True)
+        answers = []
+        for i, item in enumerate(get_list(record, "answers", at, nonempty=True)):
+            if isinstance(item, str):
+                item = {"text": item, "kb_id": None}
+            if not isinstance(item, dict):
+                raise at.error(f"expected an object {{kb_id, text}} or a string, got {json_kind(item)}", f"answers[{i}]")
+            text, kb_id = item.get("text"), item.get("kb_id")
+            if not (isinstance(text, str) and text.strip()) and not (isinstance(kb_id, str) and kb_id.strip()):
+                raise at.error("an answer needs a non-empty text or kb_id", f"answers[{i}]")
+            answers.append({"text": text if isinstance(text, str) else None,
+                            "kb_id": kb_id if isinstance(kb_id, str) else None})
+        key = "topic_entities" if "topic_entities" in record else "entities"
+        topics = [str(t) for t in (get_list(record, key, at) if key in record else [])]
+        golds = _unique(a["text"] or a["kb_id"] for a in answers)
+        metadata = {"answers": answers, "topic_entities": topics}
+        for extra in ("kg", "subgraph_id"):
+            if record.get(extra) is not None:
+                metadata[extra] = str(record[extra])
+        yield at, _row(qid, question, golds, [], metadata)
+
+
 _LOADERS: dict[str, Callable[[PathLike], Located]] = {
+    "kgqa": _kgqa,
     "flashrag": _flashrag,
     "hotpotqa": _hotpot_like("hotpotqa"),
     "2wikimultihopqa": _hotpot_like("2wikimultihopqa"),

@@ -86,13 +86,14 @@ class NoRetrievalEnvironment:
 def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env_name: str, retriever, out_dir: str | Path, *,
              run_id: str, dataset: str, rollout_cfg=None, batch_size: int = 32, max_questions: int | None = None,
              topk: int = 3, max_queries: int = 3, temperature: float | None = 0.0, device: str = "cpu",
-             dtype: str = "auto", generator=None, tokenizer=None) -> dict:
+             dtype: str = "auto", generator=None, tokenizer=None, env=None) -> dict:
     """Roll out the policy in `model_dir` on every question of `qa_parquet`; write predictions and metrics.
 
     `retriever`: anything with `search(queries, topk)` returning hits as mappings or `Hit`s (an
     in-process `Searcher`, a `RetrievalClient`), or None with `env_name="none"`. `generator` and
     `tokenizer` replace the HF model loaded from `model_dir` (a vLLM server, a scripted policy).
-    Returns the metrics.json object.
+    `env`: a ready environment (e.g. a `KGEnvironment`) instead of one built from `env_name` and
+    `retriever`. Returns the metrics.json object.
     """
     from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 
@@ -101,7 +102,8 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env_name: str
     cfg = rollout_cfg if rollout_cfg is not None else RolloutConfig()
     if temperature is not None:
         cfg = dataclasses.replace(cfg, temperature=temperature)
-    env, cfg = _environment(env_name, retriever, cfg, topk, max_queries)
+    if env is None:
+        env, cfg = _environment(env_name, retriever, cfg, topk, max_queries)
     generator, tokenizer = _policy(model_dir, generator, tokenizer, device, dtype)
     engine = RolloutEngine(generator, tokenizer, env, cfg)
 
@@ -132,7 +134,9 @@ def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "
 
 def prediction_record(row: dict, t, format_env: str) -> dict:
     golds = [str(g) for g in row["golden_answers"]]
-    queries = [q for a in t.actions if a["type"] == "search" and a["valid"] for q in a["queries"]]
+    # Executed tool calls of any environment: search queries, or KG function calls.
+    queries = [q for a in t.actions if a["type"] not in ("answer", "invalid") and a["valid"]
+               for q in a["queries"]]
     return {
         "id": str(row["id"]),
         "question": row["question"],

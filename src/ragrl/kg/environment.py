@@ -54,6 +54,8 @@ class KGBackendError(RuntimeError):
 
 class KGEnvironment:
     name = "kg"
+    # The rollout engine's default prompt for this environment (RolloutConfig.instruction overrides).
+    instruction = DEFAULT_KG_INSTRUCTION
 
     def __init__(self, backend: KGBackend, dataset_name: str | None = None, sample_id: str | None = None) -> None:
         self.backend = backend

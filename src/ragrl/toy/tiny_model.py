@@ -88,6 +88,22 @@ class TinyModelSpec:
             raise ValueError(f"vocab_size={self.vocab_size} must exceed {reserved} (byte alphabet plus added tokens)")
 
 
+# How often each environment's prompt is repeated in the tokenizer corpus: it opens every
+# training sequence, so weighing it like one passage would leave it split into characters.
+PROMPT_REPEATS = 50
+
+
+def with_prompt_text(texts: Iterable[str]) -> list[str]:
+    """`texts` plus the agent prompts and tool calls, so their words become merges of the tokenizer."""
+    from ragrl.agent.protocol import DEFAULT_INSTRUCTION, DEFAULT_MULTI_QUERY_INSTRUCTION
+    from ragrl.kg.environment import DEFAULT_KG_INSTRUCTION
+    from ragrl.kg.ops import OPERATIONS
+
+    calls = " ".join(f'{name}("' for name in OPERATIONS)
+    prompts = [DEFAULT_INSTRUCTION, DEFAULT_MULTI_QUERY_INSTRUCTION, DEFAULT_KG_INSTRUCTION, calls]
+    return list(texts) + prompts * PROMPT_REPEATS
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> transformers.PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer of `vocab_size` tokens in total (fewer if the corpus runs out of merges)."""
     backend = _train_bpe(texts, vocab_size - len(PROTOCOL_TAGS))

@@ -548,4 +548,9 @@ def world_text(world_dir: str | Path) -> list[str]:
     for split in SPLITS:
         q = pq.read_table(world_dir / f"qa/{split}.parquet", columns=["question", "golden_answers"]).to_pydict()
         texts += [f"{qq} {' '.join(a)}" for qq, a in zip(q["question"], q["golden_answers"])]
+    # The KG agent reads relation names ("people.person.employer", "P108") in observations and
+    # writes them in queries: without them here they would cost a dozen tokens each.
+    for kg in ("A", "B"):
+        t = pq.read_table(world_dir / f"kg/{kg}/triples.parquet", columns=["head", "relation", "tail"]).to_pydict()
+        texts += [f'"{h}", "{r}" {t}' for h, r, t in zip(t["head"], t["relation"], t["tail"])]
     return texts

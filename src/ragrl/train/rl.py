@@ -248,6 +248,7 @@ def step_record(step: int, sums: dict[str, float], extra: dict[str, Any]) -> dic
         "masked_share": ratio("observation_tokens", "response_tokens"),
         "response_length": sums["response_tokens"] / n,
         "searches_per_trajectory": ratio("searches", "searches_count"),
+        **{k.removeprefix("stat:"): v / n for k, v in sums.items() if k.startswith("stat:")},
         **extra,
     }
 
@@ -515,6 +516,10 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
         "kl": float((kl_k3(old_logp, ref_logp) * mask).sum()) if ref_logp is not None else 0.0,
         "entropy": float((entropy * mask).sum()) if entropy is not None else 0.0,
     }
+    # Any other numeric rollout stat (e.g. KG-R1's reward components) is logged as its mean; the
+    # keys come from the rollout function, identical on every process.
+    for key in sorted(set().union(*(s.stats for s in samples)) - {"searches", "response_length"}):
+        sums[f"stat:{key}"] = float(sum(float(s.stats.get(key, 0.0)) for s in samples))
     pooled = _pooled_sums(accelerator, sums)
     batch_mean = pooled["reward"] / pooled["samples"]
     batch_var = max(pooled["reward_sq"] / pooled["samples"] - batch_mean**2, 0.0)

@@ -1,0 +1,221 @@
+"""Cold-start SFT data for the KG agent (KG-R1 recipe): gold trajectories over a KG.
+
+A KGQA row names its topic entities and its gold answer entities, not the path between them, so
+the plan is found in the KG itself: the shortest chain of outgoing edges (at most `max_hops`)
+from the topic entity to a gold answer, ties broken by relation and entity id (reproducible).
+A perfect agent then, per hop, lists the entity's relations and follows the right one:
+
+    <think>…</think>\\n<kg-query>get_relations_out("X")</kg-query>      → relations of X
+    <think>…</think>\\n<kg-query>get_entities_out("X", "r")</kg-query>  → entities (the next hop)
+    …
+    <think>…</think>\\n<answer>gold</answer><eos>
+
+Listing relations first is what lets the same agent work on another KG whose relation names
+differ (the transfer KG-R1 reports): it never has to know a relation name in advance.
+
+Observations are what the real environment (`KGEnvironment.respond` over the KG service)
+returns, and sequences are tokenized exactly as the rollout engine tokenizes rollouts (the
+helpers of `ragrl.train.sft_data`), so SFT and RL see one format. Rows are dropped, with the
+reason counted, when no path exists within `max_hops`, when the final observation does not show
+the answer (e.g. a listing cut by the server's cap), or when the trajectory would not fit the
+rollout budgets unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, KG_CLOSE, KG_OPEN, THINK_CLOSE, THINK_OPEN, observation
+from ragrl.agent.rollout import RolloutEngine
+from ragrl.kg.store import KGStore
+from ragrl.train.sft_data import (
+    SFTDataStats,
+    _append_segment,
+    _check_totals,
+    _encode,
+    _report,
+    _sft_row,
+    read_qa_rows,
+    write_sft_data,
+)
+
+Edge = tuple[str, str, str]  # (head name, relation name, tail name)
+
+
+@dataclass(frozen=True)
+class KGPlan:
+    row_id: str
+    question: str
+    answer: str
+    path: tuple[Edge, ...]
+
+
+@dataclass
+class _Draft:
+    plan: KGPlan
+    ids: list[int]
+    mask: list[int]
+    dropped: str | None = None
+    segments: int = 0
+    texts: list[str] = field(default_factory=list)
+
+
+def row_golds(row: dict) -> list[dict[str, str] | str]:
+    """Gold answers of a QA-contract row: the KGQA entities ({text, kb_id}) kept in its metadata
+    by the `kgqa` loader, else its plain golden_answers."""
+    meta = row.get("metadata") or "{}"
+    meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
+    answers = meta.get("answers")
+    if isinstance(answers, list) and answers:
+        return [a for a in answers if isinstance(a, (dict, str))]
+    return [str(g) for g in row.get("golden_answers") or []]
+
+
+def topic_entities(row: dict) -> list[str]:
+    meta = row.get("metadata") or "{}"
+    meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
+    return [str(t) for t in meta.get("topic_entities") or []]
+
+
+def _answer_ids(store: KGStore, golds: Sequence[dict | str]) -> set[int]:
+    ids: set[int] = set()
+    for gold in golds:
+        names = [gold] if isinstance(gold, str) else [gold.get("kb_id"), gold.get("text")]
+        for name in names:
+            if name:
+                ids.update(store.resolve(str(name)).ids)
+    return ids
+
+
+def gold_path(store: KGStore, topic: str, golds: Sequence[dict | str], max_hops: int = 2) -> tuple[Edge, ...] | None:
+    """The shortest outgoing path topic → … → a gold entity, as names; None if none within max_hops."""
+    targets = _answer_ids(store, golds)
+    start = store.lookup(topic)
+    if start is None or not targets:
+        return None
+    # Breadth-first over (entity, path-so-far); ids ascend inside each adjacency slice, so the first
+    # path found is the same on every run.
+    frontier: list[tuple[int, tuple[tuple[int, int, int], ...]]] = [(start, ())]
+    seen = {start}
+    for _ in range(max_hops):
+        nxt = []
+        for node, path in frontier:
+            for rel in store.relations_out(node):
+                for tail in store.entities_out(node, int(rel)):
+                    tail = int(tail)
+                    step = path + ((node, int(rel), tail),)
+                    if tail in targets:
+                        return tuple((store.entity_names[h], store.relation_names[r], store.entity_names[t])
+                                     for h, r, t in step)
+                    if tail not in seen:
+                        seen.add(tail)
+                        nxt.append((tail, step))
+        frontier = nxt
+    return None
+
+
+def query_turns(plan: KGPlan) -> list[str]:
+    """The assistant text of each query turn (two per hop)."""
+    turns = []
+    for i, (head, rel, tail) in enumerate(plan.path):
+        known = f"{plan.path[i - 1][0]} {plan.path[i - 1][1]} {head}. " if i else ""
+        turns.append(f"{THINK_OPEN}{known}I need the relations of {head}.{THINK_CLOSE}\n"
+                     f'{KG_OPEN}get_relations_out("{head}"){KG_CLOSE}')
+        turns.append(f"{THINK_OPEN}{head} has the relation {rel}; I follow it.{THINK_CLOSE}\n"
+                     f'{KG_OPEN}get_entities_out("{head}", "{rel}"){KG_CLOSE}')
+    return turns
+
+
+def answer_turn(plan: KGPlan) -> str:
+    head, rel, tail = plan.path[-1]
+    return (f"{THINK_OPEN}{head} {rel} {tail}. So the answer is {plan.answer}.{THINK_CLOSE}\n"
+            f"{ANSWER_OPEN}{plan.answer}{ANSWER_CLOSE}")
+
+
+def plan_row(row: dict, store: KGStore, max_hops: int = 2) -> KGPlan | str:
+    """A plan, or the reason the row cannot have one."""
+    golds = row_golds(row)
+    topics = topic_entities(row)
+    if not golds:
+        return "no_gold_answer"
+    if not topics:
+        return "no_topic_entity"
+    path = gold_path(store, topics[0], golds, max_hops)
+    if path is None:
+        return "no_path_within_max_hops"
+    answer = path[-1][2]  # the KG's display name of the gold entity reached
+    return KGPlan(str(row["id"]), str(row["question"]), answer, path)
+
+
+def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: KGStore, *, max_hops: int = 2,
+                         append_eos: bool = True) -> tuple[list[dict], SFTDataStats]:
+    """Gold SFT rows under `engine`'s prompt, KG environment, tokenizer and budgets; one batched
+    environment call per turn, as in a rollout. The engine's generator is never called."""
+    env = engine.env
+    stats = SFTDataStats("gold")
+    drafts: list[_Draft] = []
+    for row in qa_rows:
+        stats.total += 1
+        plan = plan_row(row, store, max_hops)
+        if isinstance(plan, str):
+            stats.dropped[plan] += 1
+            continue
+        if 2 * len(plan.path) >= engine.config.max_turns + 1:
+            stats.dropped["too_many_turns"] += 1  # the engine would force the answer turn instead
+            continue
+        prompt = engine.prompt_ids(plan.question)
+        drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=query_turns(plan)))
+
+    for turn in range(max((len(d.texts) for d in drafts), default=0)):
+        active = [d for d in drafts if d.dropped is None and turn < len(d.texts)]
+        if not active:
+            continue
+        actions = [env.parse(d.texts[turn]) for d in active]
+        infos = env.respond(actions, engine.reserved)
+        for d, action, info in zip(active, actions, infos):
+            _append_segment(d, _encode(engine, d.texts[turn]), engine)
+            if d.dropped is not None:
+                continue
+            if action.kind != "kg-query":
+                d.dropped = "unparsed_query"  # e.g. a name the call syntax cannot quote
+                continue
+            last = turn == len(d.texts) - 1
+            if last and d.plan.answer not in (info or ""):
+                d.dropped = "answer_not_observed"
+                continue
+            obs = _encode(engine, observation(info or ""))
+            if len(obs) > engine.config.max_obs_tokens:
+                d.dropped = "observation_too_long"
+                continue
+            d.ids += obs
+            d.mask += [0] * len(obs)
+
+    rows = []
+    for d in drafts:
+        if d.dropped is None:
+            _append_segment(d, _encode(engine, answer_turn(d.plan)), engine, eos=append_eos)
+            _check_totals(d, engine)
+        if d.dropped is not None:
+            stats.dropped[d.dropped] += 1
+            continue
+        rows.append(_sft_row(d.plan.row_id, d.ids, d.mask, d.segments, engine.tokenizer))
+    stats.kept = len(rows)
+    return rows, stats
+
+
+def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store: KGStore, out: str | Path, *,
+                      rollout_cfg=None, limit: int | None = None, max_hops: int = 2) -> dict:
+    """Gold KG trajectories for the rows of `qa_parquet`, tokenized with the policy's tokenizer."""
+    import transformers
+
+    from ragrl.agent.rollout import RolloutConfig
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    engine = RolloutEngine(None, tokenizer, env, rollout_cfg or RolloutConfig())
+    rows, stats = kg_gold_trajectories(read_qa_rows(qa_parquet, limit), engine, store, max_hops=max_hops)
+    write_sft_data(rows, stats, out)
+    _report(stats, out)
+    return stats.to_dict()

@@ -1,0 +1,172 @@
+"""The KG agent recipe (KG-R1) wired through the stages: KGQA loading, gold KG trajectories, and
+RL samples carrying per-turn rewards on a tiny world, its KGs A/B and a tiny policy."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import transformers
+from replay import SegmentGenerator
+
+from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+from ragrl.data.qa import load_qa
+from ragrl.errors import DataFormatError
+from ragrl.kg.store import KGStore, load_kg
+from ragrl.recipe import parse_recipe
+from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
+from ragrl.stages import kg_agent
+from ragrl.toy.tiny_model import TinyModelSpec, build_tiny, with_prompt_text
+from ragrl.toy.world import generate_world, world_text, write_world
+from ragrl.train import advantages as adv_lib
+from ragrl.train.kg_sft_data import gold_path, kg_gold_trajectories, plan_row, row_golds
+from ragrl.train.rl import RLConfig, collate, sample_advantages
+
+SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
+CFG = RolloutConfig(max_turns=5, max_turn_tokens=128, max_obs_tokens=256, max_response_tokens=2048)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kg_agent")
+    write_world(generate_world(3, 30), root / "world")
+    model_dir = build_tiny(with_prompt_text(world_text(root / "world")), root / "model", SPEC)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    qa = {f"{kg}_{split}": load_qa("kgqa", root / f"world/kgqa/{kg}/{split}.parquet").to_pylist()
+          for kg in "AB" for split in ("train", "test")}
+    yield SimpleNamespace(root=root, model_dir=model_dir, qa=qa, tok=transformers.AutoTokenizer.from_pretrained(model_dir),
+                          backend={kg: kg_agent.load_kg_backend(root / f"world/kg/{kg}") for kg in "AB"})
+    torch.set_num_threads(threads)
+
+
+def _engine(tiny, kg="A", generator=None, cfg=CFG):
+    return RolloutEngine(generator, tiny.tok, kg_agent.make_environment(tiny.backend[kg]), cfg)
+
+
+# --------------------------------------------------------------------------- KGQA loading
+
+
+def test_kgqa_loader_keeps_answer_entities_and_topics(tiny):
+    row = tiny.qa["A_train"][0]
+    meta = json.loads(row["metadata"])
+    assert meta["answers"][0]["kb_id"].startswith("m.") and meta["answers"][0]["text"] in row["golden_answers"]
+    assert meta["topic_entities"] and meta["kg"] == "A"
+    # KG B asks the same questions, with its own ids.
+    b = {r["id"]: r for r in tiny.qa["B_train"]}[row["id"]]
+    assert b["golden_answers"] == row["golden_answers"]
+    assert json.loads(b["metadata"])["answers"][0]["kb_id"].startswith("Q")
+
+
+def test_kgqa_loader_reads_simple_jsonl_and_names_bad_fields(tmp_path):
+    good = tmp_path / "q.jsonl"
+    good.write_text(json.dumps({"id": "q1", "question": "where?", "answers": [{"kb_id": "m.1", "text": "Paris"}],
+                                "entities": ["m.0"]}) + "\n")
+    row = load_qa("kgqa", good).to_pylist()[0]
+    assert row["golden_answers"] == ["Paris"] and json.loads(row["metadata"])["topic_entities"] == ["m.0"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "where?", "answers": [{"kb_id": "", "text": " "}]}) + "\n")
+    with pytest.raises(DataFormatError, match=r"bad.jsonl:1: field 'answers\[0\]'"):
+        load_qa("kgqa", bad)
+
+
+# --------------------------------------------------------------------------- gold paths
+
+
+def test_gold_path_is_the_shortest_outgoing_chain():
+    store = KGStore.from_triples(["a", "a", "b", "c", "a"], ["r1", "r2", "r3", "r4", "r9"], ["b", "c", "d", "d", "e"])
+    assert gold_path(store, "a", ["d"]) == (("a", "r1", "b"), ("b", "r3", "d"))  # r1 < r2: first in id order
+    assert gold_path(store, "a", ["e"]) == (("a", "r9", "e"),)
+    assert gold_path(store, "a", ["d"], max_hops=1) is None
+    assert gold_path(store, "nobody", ["d"]) is None
+    assert gold_path(store, "a", [{"text": "zzz", "kb_id": "d"}]) is not None  # kb_id alone finds it
+
+
+def test_gold_kg_trajectories_are_what_the_engine_produces_and_earn_full_reward(tiny):
+    rows = tiny.qa["A_train"][:24]
+    gold, stats = kg_gold_trajectories(rows, _engine(tiny), load_kg(tiny.root / "world/kg/A").store)
+    assert stats.total == 24 and stats.kept == len(gold) >= 20, stats.to_dict()
+    hops = {len(plan_row(r, load_kg(tiny.root / "world/kg/A").store).path) for r in rows}
+    assert hops == {1, 2}
+
+    # Replaying the gold assistant segments through the rollout engine reproduces every token and
+    # the loss mask: SFT and RL see one format.
+    by_id = {r["id"]: r for r in rows}
+    trajs = _engine(tiny, generator=SegmentGenerator(gold)).run_questions(
+        [by_id[g["id"]]["question"] for g in gold], n=1)
+    eos = tiny.tok.eos_token_id
+    for g, t in zip(gold, trajs):
+        assert g["input_ids"][:-1] == t.prompt_ids + t.response_ids and g["input_ids"][-1] == eos
+        assert g["assistant_masks"][len(t.prompt_ids):-1] == t.loss_mask
+        assert t.stop_reason == "answer" and t.num_searches == g["num_turns"] - 1  # every query turn, then the answer
+        # A perfect trajectory earns every KG-R1 reward.
+        r = kg_rewards(t.response_text, row_golds(by_id[g["id"]]), DEFAULT_TURN_WEIGHTS, {"f1": 1, "retrieval": 1},
+                       answer=t.answer)
+        assert r.global_components["f1"] == 1.0 and r.global_components["retrieval"] == 1.0, t.response_text
+        assert all(c == {"format": 1.0, "query": 1.0, "answer": 0.0} for c in r.turn_components[:-1])
+        assert r.turn_components[-1] == {"format": 1.0, "query": 0.0, "answer": 1.0}
+
+
+def test_gold_trajectories_drop_rows_that_would_not_fit(tiny):
+    rows = tiny.qa["A_train"][:24]
+    store = load_kg(tiny.root / "world/kg/A").store
+    # Three tool turns cannot hold a two-hop plan (four queries) before the answer.
+    _, stats = kg_gold_trajectories(rows, _engine(tiny, cfg=RolloutConfig(**{**CFG.__dict__, "max_turns": 3})), store)
+    assert stats.dropped["too_many_turns"] > 0 and stats.kept + sum(stats.dropped.values()) == 24
+
+
+# --------------------------------------------------------------------------- RL samples
+
+
+def test_rollout_fn_attaches_turn_rewards_aligned_with_the_turn_index(tiny):
+    recipe = parse_recipe({"env": "kg", "rollout": {**CFG.__dict__, "max_turn_tokens": 24},
+                           "turn_reward": {"format": 0.15, "query": 0.1, "answer": 0.1},
+                           "reward": {"f1": 0.3, "retrieval": 0.4}}, "kg_r1")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny.model_dir, dtype=torch.float32)
+    rollout_fn = kg_agent.make_rollout_fn(recipe, tiny.tok, tiny.backend["A"])
+    prompts = tiny.qa["A_train"][:2]
+    samples = rollout_fn(prompts, 3, model, 1)
+    assert len(samples) == 6 and sorted({s.group for s in samples}) == [0, 1]
+    with_turns = [s for s in samples if s.turn_rewards is not None]
+    assert with_turns, "no sample kept its turn rewards"
+    for s in with_turns:
+        assert len(s.turn_rewards) == max(s.turn_index) + 1
+        assert all(0.0 <= r <= 0.35 + 1e-9 for r in s.turn_rewards)
+        assert 0.0 <= s.reward <= 0.7 + 1e-9 and "reward_f1" in s.stats and "turn_reward_mean" in s.stats
+
+    # The trainer's advantages: A = w * A_turn + A_global on policy tokens, 0 on observations.
+    cfg = RLConfig(group_size=3, batch_prompts=2, turn_advantage_weight=0.5)
+    batch = collate(samples, tiny.tok.pad_token_id)
+    adv = sample_advantages(samples, batch, cfg, 0.0, 1.0)
+    seq = adv_lib.group_advantages([s.reward for s in samples], [s.group for s in samples])
+    turn = adv_lib.turn_advantages([s.turn_rewards for s in samples], [s.group for s in samples])
+    for i, s in enumerate(samples):
+        n = len(s.response_ids)
+        mask = np.array(s.loss_mask, dtype=bool)
+        assert torch.all(adv[i, :n][~torch.from_numpy(mask)] == 0)
+        for k in np.flatnonzero(mask)[:50]:
+            t = s.turn_index[k]
+            expected = float(seq[i]) + (0.5 * turn[i][t] if turn[i] and t < len(turn[i]) else 0.0)
+            assert adv[i, k].item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_same_policy_transfers_by_swapping_only_the_kg(tiny):
+    """KG B has other relation names; the environment built on it answers the same calls in B's
+    vocabulary, and gold KG-A relation names are unknown there (so the agent must list relations)."""
+    a, b = (load_kg(tiny.root / f"world/kg/{kg}").store for kg in "AB")
+    row = next(r for r in tiny.qa["A_train"] if len(plan_row(r, a).path) == 1)
+    (head, rel_a, tail), = plan_row(row, a).path
+    (head_b, rel_b, tail_b), = plan_row({**row, "metadata": {**json.loads(row["metadata"]), "answers": [
+        {"text": tail, "kb_id": None}]}}, b).path
+    assert (head_b, tail_b) == (head, tail) and rel_b != rel_a
+    env_b = kg_agent.make_environment(tiny.backend["B"])
+    obs = env_b.respond([env_b.parse(f'<kg-query>get_entities_out("{head}", "{rel_a}")</kg-query>')])[0]
+    assert obs.startswith("Relation not found") and rel_b in obs
