@@ -170,3 +170,25 @@ def test_the_same_policy_transfers_by_swapping_only_the_kg(tiny):
     env_b = kg_agent.make_environment(tiny.backend["B"])
     obs = env_b.respond([env_b.parse(f'<kg-query>get_entities_out("{head}", "{rel_a}")</kg-query>')])[0]
     assert obs.startswith("Relation not found") and rel_b in obs
+
+
+def test_subgraph_mode_serves_each_trajectory_its_own_question(tiny):
+    """KG-R1 restricts each question to its subgraph: the engine passes each trajectory's question
+    id to the environment, so gold trajectories and evaluation work unchanged in subgraph mode."""
+    store = load_kg(tiny.root / "world/kg/A").store
+    sub = kg_agent.load_kg_backend(tiny.root / "world/kg/A", mode="subgraph")
+    rows = tiny.qa["A_train"][:12]
+    gold_whole, _ = kg_gold_trajectories(rows, _engine(tiny), store)
+    engine = RolloutEngine(None, tiny.tok, kg_agent.make_environment(sub), CFG)
+    gold_sub, stats = kg_gold_trajectories(rows, engine, store)
+    assert stats.kept == len(gold_whole) > 0
+    # Same calls, answered from 2-hop neighbourhoods: relation listings can only shrink.
+    assert all(len(s["input_ids"]) <= len(w["input_ids"]) for s, w in zip(gold_sub, gold_whole))
+    by_id = {r["id"]: r for r in rows}
+    trajs = RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, kg_agent.make_environment(sub), CFG).run_questions(
+        [by_id[g["id"]]["question"] for g in gold_sub], n=1, sample_ids=[g["id"] for g in gold_sub])
+    assert [t.prompt_ids + t.response_ids for t in trajs] == [g["input_ids"][:-1] for g in gold_sub]
+    # Without its question id a subgraph-mode call is a pipeline error, not an observation.
+    with pytest.raises(Exception, match="sample"):
+        RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, kg_agent.make_environment(sub), CFG).run_questions(
+            [by_id[gold_sub[0]["id"]]["question"]], n=1)

@@ -98,6 +98,7 @@ class Trajectory:
     latency_s: float = 0.0  # from the start of the batch to this trajectory's end
     env_time_s: float = 0.0  # time spent waiting for the retriever (a shared call counts in full for each)
     response_text: str = ""
+    sample_id: str | None = None  # the question's id, for environments that serve per-question data
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,13 +142,20 @@ class RolloutEngine:
 
     # ----------------------------------------------------------------------- the loop
 
-    def run(self, prompts: Sequence[Sequence[int]], n: int | None = None, seed: int | None = None) -> list[Trajectory]:
-        """Roll out `n` samples per prompt (prompt-major order). Retrieval errors propagate."""
+    def run(self, prompts: Sequence[Sequence[int]], n: int | None = None, seed: int | None = None,
+            sample_ids: Sequence[str | None] | None = None) -> list[Trajectory]:
+        """Roll out `n` samples per prompt (prompt-major order). Retrieval errors propagate.
+
+        `sample_ids` (one per prompt) reach environments that answer per question, as KG-R1's
+        subgraph mode does (`per_sample = True` on the environment)."""
+        if sample_ids is not None and len(sample_ids) != len(prompts):
+            raise ValueError(f"{len(sample_ids)} sample ids for {len(prompts)} prompts")
         cfg = self.config
         n = cfg.n if n is None else n
         seed = cfg.seed if seed is None else seed
         start = time.monotonic()
-        trajs = [Trajectory(p, s, list(ids)) for p, ids in enumerate(prompts) for s in range(n)]
+        trajs = [Trajectory(p, s, list(ids), sample_id=None if sample_ids is None else sample_ids[p])
+                 for p, ids in enumerate(prompts) for s in range(n)]
         active = list(trajs)
         turn = 0
         while active:
@@ -203,7 +211,10 @@ class RolloutEngine:
         if not pending:
             return []
 
-        infos = self.env.respond([a for _, a in pending], self.reserved)
+        if getattr(self.env, "per_sample", False):
+            infos = self.env.respond([a for _, a in pending], self.reserved, sample_ids=[t.sample_id for t, _ in pending])
+        else:
+            infos = self.env.respond([a for _, a in pending], self.reserved)
         searched = getattr(self.env, "last_search_s", 0.0) if any(_is_tool_call(a) for _, a in pending) else 0.0
         still: list[Trajectory] = []
         for (t, action), info in zip(pending, infos):

@@ -126,7 +126,7 @@ def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "
     out: list[dict] = []
     batches = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
     for batch in progress(batches, desc=desc, unit="batch"):
-        trajs = engine.run_questions([r["question"] for r in batch], n=1)
+        trajs = engine.run_questions([r["question"] for r in batch], n=1, sample_ids=[str(r["id"]) for r in batch])
         for row, t in zip(batch, trajs, strict=True):
             out.append(prediction_record(row, t, format_env))
     return out

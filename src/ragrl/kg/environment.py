@@ -56,6 +56,8 @@ class KGEnvironment:
     name = "kg"
     # The rollout engine's default prompt for this environment (RolloutConfig.instruction overrides).
     instruction = DEFAULT_KG_INSTRUCTION
+    # The rollout engine passes each trajectory's question id to respond() (subgraph mode).
+    per_sample = True
 
     def __init__(self, backend: KGBackend, dataset_name: str | None = None, sample_id: str | None = None) -> None:
         self.backend = backend
@@ -97,7 +99,7 @@ class KGEnvironment:
             if isinstance(query, QueryFormatError):  # actions parsed by someone else's parse()
                 out[i] = invalid_message(sanitize(query.message, reserved), self.spec)
                 continue
-            sample = sample_ids[i] if sample_ids is not None else self.sample_id
+            sample = sample_ids[i] if sample_ids is not None and sample_ids[i] is not None else self.sample_id
             pending.append((i, query.to_request(self.dataset_name, sample)))
         if pending:
             results = self._retrieve([r for _, r in pending])

@@ -38,11 +38,13 @@ def make_environment(backend):
 
 
 def _store(backend):
-    """The single KG store of an in-process service (gold planning walks it directly)."""
+    """The whole KG of an in-process service: gold planning walks it directly (in subgraph mode
+    the observations still come from each question's subgraph, through the environment)."""
     sources = list(getattr(backend, "sources", {}).values())
-    store = sources[0].store_for(None) if len(sources) == 1 else None
+    store = sources[0].store if len(sources) == 1 else None
     if store is None:
-        raise ValueError("gold KG trajectories need one in-process KG in whole mode (--kg DIR --kg-mode whole)")
+        raise ValueError("gold KG trajectories need one in-process KG with its whole graph (--kg DIR, not --kg-url; "
+                         "the simple KGQA format has no whole graph in subgraph mode)")
     return store
 
 
@@ -71,7 +73,8 @@ def make_rollout_fn(recipe: Recipe, tokenizer, backend):
         cfg = dataclasses.replace(recipe.rollout, n=group_size)
         engine = RolloutEngine(generator, tokenizer, env, cfg)
         trajectories = engine.run_questions([p["question"] for p in batch_prompts], n=group_size,
-                                            seed=recipe.seed * 100_003 + step)
+                                            seed=recipe.seed * 100_003 + step,
+                                            sample_ids=[str(p["id"]) for p in batch_prompts])
         samples = []
         for traj in trajectories:
             golds = row_golds(batch_prompts[traj.prompt_index])
@@ -101,7 +104,7 @@ def rl(recipe: Recipe, qa: Path, policy: Path, backend, out_dir: Path, limit: in
 
     from ragrl.train.rl import train_rl
 
-    table = pq.read_table(qa, columns=["question", "golden_answers", "metadata"]).to_pylist()
+    table = pq.read_table(qa, columns=["id", "question", "golden_answers", "metadata"]).to_pylist()
     prompts = table[:limit] if limit else table
     _prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
                                       "limit": limit, "kg": backend.health().get("datasets", {})})

@@ -174,7 +174,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
         if not active:
             continue
         actions = [env.parse(d.texts[turn]) for d in active]
-        infos = env.respond(actions, engine.reserved)
+        infos = env.respond(actions, engine.reserved, sample_ids=[d.plan.row_id for d in active])
         for d, action, info in zip(active, actions, infos):
             _append_segment(d, _encode(engine, d.texts[turn]), engine)
             if d.dropped is not None:
