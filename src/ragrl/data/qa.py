@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -157,8 +158,11 @@ def _kgqa_records(path: PathLike) -> Located:
 
 
 def _kgqa(path: PathLike) -> Located:
-    for n, (at, record) in enumerate(_kgqa_records(path)):
-        qid = get_id(record, "id", at) if record.get("id") is not None else str(n)
+    stem = Path(str(path)).stem
+    for at, record in _kgqa_records(path):
+        # Without ids, the KG server's simple-format reader names questions "<file stem>-<line>";
+        # the same ids here keep subgraph lookups aligned.
+        qid = get_id(record, "id", at) if record.get("id") is not None else f"{stem}-{at.line or at.record}"
         question = get_str(record, "question", at, nonblank=True)
         answers = []
         for i, item in enumerate(get_list(record, "answers", at, nonempty=True)):
