@@ -427,3 +427,22 @@ def test_nan_metric_stored_as_null(tmp_path):
     (value,) = rows(db, "SELECT value FROM evals WHERE run_id='r1' AND dataset='nq' "
                         "AND metric='f1'")[0]
     assert value is None
+
+
+def test_duckdb_shell_reads_the_database(built):
+    """README's `duckdb results/ragrl.duckdb "select * from leaderboard"`: the duckdb-cli shell
+    (an older DuckDB than the Python package that writes the file) opens it and prints every row."""
+    import shutil
+    import subprocess
+    import sys
+
+    shell = Path(sys.executable).with_name("duckdb")
+    shell = str(shell) if shell.exists() else shutil.which("duckdb")
+    assert shell, "the duckdb shell (requirements.txt: duckdb-cli) is not installed"
+    proc = subprocess.run([shell, "-csv", str(built), "select run_id, dataset, value from leaderboard"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    printed = list(csv.reader(io.StringIO(proc.stdout)))
+    assert printed[0] == ["run_id", "dataset", "value"]
+    expected = rows(built, "SELECT run_id, dataset, value FROM leaderboard")
+    assert sorted((r[0], r[1]) for r in printed[1:]) == sorted((r[0], r[1]) for r in expected)

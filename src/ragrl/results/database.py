@@ -105,6 +105,11 @@ CREATE TABLE predictions (
     observation_tokens BIGINT, latency_s DOUBLE)
 """
 
+# The file format of DuckDB 1.5: the `duckdb` command-line shell on PyPI (duckdb-cli 1.5.x, in
+# requirements.txt) and DuckDB 1.5 clients elsewhere cannot open files written in 2.0's newer
+# format, and the results database is meant to be opened by anyone's SQL client.
+STORAGE_VERSION = "v1.5.0"
+
 
 # --------------------------------------------------------------------------------------------
 # reading and checking inputs (pure Python; nothing is written until all of it passed)
@@ -422,7 +427,7 @@ def build_database(
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{db_path.name}.", suffix=".tmp", dir=db_path.parent))
     tmp_db = tmp_dir / db_path.name
     try:
-        con = duckdb.connect(str(tmp_db))
+        con = duckdb.connect(str(tmp_db), config={"storage_compatibility_version": STORAGE_VERSION})
         try:
             _write_all(con, run_rows, eval_rows, pred_map, pred_cols, train_records, extra_keys,
                        bench, dict(rule_gpus), specs, main_metric)
