@@ -52,7 +52,9 @@ def _check_references():
     # "missing input" deep in the DAG.
     errors = []
     retrieval = config["retrieval"]
-    if retrieval["corpus"] not in config["corpora"]:
+    # The passage corpus matters only where something retrieves passages (KG agents do not).
+    uses_passages = retrieval["eval"]["datasets"] or any(r["env"] != "kg" for r in config["recipes"].values())
+    if uses_passages and retrieval["corpus"] not in config["corpora"]:
         errors.append(f"config key 'retrieval.corpus': '{retrieval['corpus']}' is not a key of corpora {sorted(config['corpora'])}")
     for i, name in enumerate(retrieval["eval"]["datasets"]):
         if name not in config["datasets"]:
@@ -151,15 +153,18 @@ def rule_resources(rule_name):
     if not merged["gpu"]:
         # A gpu_model set in `default` must not turn CPU rules into `--gpus=<model>:0` requests.
         merged.pop("gpu_model", None)
-    merged["runtime"] = _growing_runtime(merged["runtime"])
+    merged["runtime"] = _growing_runtime(merged["runtime"], merged.pop("max_runtime", None))
     return merged
 
 
-def _growing_runtime(minutes):
+def _growing_runtime(minutes, cap=None):
     # A job killed at its time limit is retried (profile `retries`) with twice the time each
     # attempt: 30 → 60 → 120 minutes, so a too-tight runtime in config costs a retry, not the run.
+    # The cap keeps a retry within the partition's MaxTime: beyond it sbatch refuses the job, while
+    # a retry at the cap still helps a job that resumes from checkpoints (RL).
     def runtime(wildcards, attempt):
-        return minutes * 2 ** (attempt - 1)
+        grown = minutes * 2 ** (attempt - 1)
+        return grown if cap is None else max(minutes, min(grown, cap))
 
     return runtime
 

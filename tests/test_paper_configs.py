@@ -30,7 +30,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-PAPER = sorted((REPO / "config/paper").glob("*.yaml"))
+# The search-agent papers share one shape (corpus, dense index, one recipe); KG-R1 has its own test.
+PAPER = sorted(p for p in (REPO / "config/paper").glob("*.yaml") if p.stem != "kg_r1")
+KG_PAPER = REPO / "config/paper/kg_r1.yaml"
 DATASETS = ["nq_test", "triviaqa_test", "popqa_test", "hotpotqa_dev", "2wiki_dev", "musique_dev", "bamboogle_test"]
 
 _FAKE_CONDA = """#!/bin/sh
@@ -70,6 +72,8 @@ def _dry_run(paper: Path, workdir: Path, placeholders: bool = True) -> tuple[sub
         for rel in _source_files(_merged(paper)):
             (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
             (workdir / rel).touch()
+        for spec in _merged(paper).get("kgs", {}).values():  # KG directories (simple KGQA format)
+            (workdir / spec["path"]).mkdir(parents=True, exist_ok=True)
     stub = workdir / "_bin"
     stub.mkdir(exist_ok=True)
     (stub / "conda").write_text(_FAKE_CONDA % {"prefix": workdir / "_conda"})
@@ -165,3 +169,27 @@ def test_missing_data_is_reported_not_planned(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "MissingInputException" in out and "data/" in out, out[-2000:]
+
+
+def test_kg_r1_paper_config_resolves_train_and_transfer_evaluations(tmp_path):
+    """KG-R1: one RL run per training KGQA set, each evaluated in-domain and zero-shot on the
+    other KGs; every evaluation reads the KG its dataset names (the swapped KG server)."""
+    config = _merged(KG_PAPER)
+    assert set(config["recipes"]) == {"kg_r1_webqsp", "kg_r1_cwq"} and not any(k.startswith("world") for k in config["kgs"])
+    sys.path.insert(0, str(REPO / "src"))
+    from ragrl.recipe import parse_recipe, rl_config
+
+    for name, settings in config["recipes"].items():
+        recipe = parse_recipe(copy.deepcopy(settings), name)
+        rl = rl_config(recipe)
+        assert (rl.group_size, rl.lr, rl.kl_coef, recipe.rollout.max_turns) == (16, 1e-6, 0.01, 7)
+        assert recipe.env == "kg" and rl.turn_advantage_weight == 0.5
+    proc, seconds = _dry_run(KG_PAPER, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert seconds < 60, f"dry run took {seconds:.1f} s"
+    counts = _job_counts(out)
+    evals = sum(len(r["eval_datasets"]) for r in config["recipes"].values())
+    assert counts.get("rl") == 2 and counts.get("eval") == evals and "sft" not in counts, counts
+    assert re.search(r"ragrl eval .*--kg data/kgqa/trex --kg-mode subgraph .*--run-id kg_r1_webqsp_rl"
+                     r" --dataset trex_test", out), "the transfer evaluation does not read the T-REx KG"
