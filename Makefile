@@ -31,7 +31,7 @@ $(VLLM_STAMP): requirements-vllm.txt scripts/vllm_venv.sh
 	VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash scripts/vllm_venv.sh
 
 # verl 0.9 (CPU build) in its own venv for the verl RL backend and tests/test_verl_backend.py: it pins
-# transformers < 5.11 (.venv has 5.23). About 2.5 min and 1.9 GB, once per machine.
+# transformers < 5.11 (.venv has 5.23). About 4 min and 1.9 GB, once per machine.
 $(VERL_STAMP): requirements-verl.txt scripts/verl_venv.sh pyproject.toml
 	VERL_VENV=$(VERL_VENV) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
 

@@ -280,7 +280,6 @@ def test_a_wrong_override_fails_hydra(launch):
     assert proc.returncode != 0 and "no_such_key" in proc.stderr
 
 
-@needs_verl
 def test_ray_launcher_orchestration(tmp_path):
     """scripts/verl_ray_launch.sh in a fake 3-node SLURM allocation: fake ray/srun/scontrol and a
     fake python that records its arguments; checks order, addresses, and that Ray is stopped."""
