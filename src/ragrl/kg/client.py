@@ -8,13 +8,13 @@ then raise `KGServiceUnavailable` naming the URL; a rejected request (other 4xx/
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
-_RETRY_STATUS = {429, 502, 503, 504}
+from ragrl.http_retry import request_with_retries
+
 
 
 class KGServiceError(RuntimeError):
@@ -73,28 +73,6 @@ class KGClient:
         return out
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        url = self.url + path
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
-            try:
-                response = self._http.request(method, url, **kwargs)
-            except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code in _RETRY_STATUS:
-                last = f"HTTP {response.status_code}: {_message(response)}"
-                continue
-            if response.status_code >= 400:
-                raise KGServiceError(f"{url} rejected the request (HTTP {response.status_code}): {_message(response)}")
-            return response
-        raise KGServiceUnavailable(f"KG server at {url} unavailable after {self.retries + 1} attempts ({last})")
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    return str(body.get("error", body)) if isinstance(body, dict) else str(body)[:500]
+        return request_with_retries(self._http, method, self.url + path, retries=self.retries, backoff=self.backoff,
+                                    max_backoff=self.max_backoff, rejected=KGServiceError, unavailable=KGServiceUnavailable,
+                                    service="KG server", **kwargs)

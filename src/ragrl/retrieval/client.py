@@ -8,16 +8,15 @@ with the server's message at once (retrying cannot fix it).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
+from ragrl.http_retry import request_with_retries
+
 from ragrl.retrieval import Hit
 
-# Statuses that mean "try again later" rather than "your request is wrong".
-_RETRY_STATUS = {429, 502, 503, 504}
 
 
 class RetrievalError(RuntimeError):
@@ -78,30 +77,9 @@ class RetrievalClient:
         return out
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        url = self.url + path
-        last: str = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
-            try:
-                response = self._http.request(method, url, **kwargs)
-            except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code in _RETRY_STATUS:
-                last = f"HTTP {response.status_code}: {_message(response)}"
-                continue
-            if response.status_code >= 400:
-                raise RetrievalError(f"{url} rejected the request (HTTP {response.status_code}): {_message(response)}")
-            return response
-        raise RetrievalUnavailable(f"retrieval service at {url} unavailable after {self.retries + 1} attempts ({last})")
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("error", response.text))
-    except ValueError:
-        return response.text[:500]
+        return request_with_retries(self._http, method, self.url + path, retries=self.retries, backoff=self.backoff,
+                                    max_backoff=self.max_backoff, rejected=RetrievalError, unavailable=RetrievalUnavailable,
+                                    service="retrieval service", **kwargs)
 
 
 def _hit(item: dict[str, Any]) -> Hit:
