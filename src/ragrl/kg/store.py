@@ -835,6 +835,9 @@ def load_kg(path: str | os.PathLike, mode: str = "whole", *, name: str | None = 
     if entities is None and toy_entities is not None:
         entities, kb_id_column = toy_entities, kb_id_column or toy_kb_column
     store = load_triples_parquet(triples, entities, kb_id_column).warm()
+    # Arrow's allocator keeps the freed parquet buffers cached (~270 MB of RSS at 1M triples,
+    # docs/BENCHMARKS.md); a long-lived server should not hold them.
+    pa.default_memory_pool().release_unused()
     if mode == "whole":
         return KGSource(kg_name, store)
     qfiles = list(questions) if questions is not None else toy_questions
