@@ -6,7 +6,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import random
+import re
 import string
+import unicodedata
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -91,8 +93,10 @@ def test_chat_tokens_are_special_and_tags_are_not(built):
 @settings(max_examples=300, deadline=None)
 @given(text=st.text())
 def test_any_text_round_trips(built, text):
+    # Up to Unicode NFC, which Qwen2's normalizer applies (and which the tokenizer must share with
+    # Qwen2Tokenizer, see test_reloaded_tokenizer_encodes_exactly_like_the_trained_one).
     tok = built.tokenizer
-    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == unicodedata.normalize("NFC", text)
 
 
 @settings(max_examples=300, deadline=None)
@@ -103,7 +107,9 @@ def test_tags_stay_single_tokens_in_any_text(built, prefix, tag, suffix):
     ids = tok.encode(text, add_special_tokens=False)
     # Tags cannot overlap each other (each has one "<", at its start), so every occurrence must be one id.
     assert ids.count(tok.convert_tokens_to_ids(tag)) == text.count(tag)
-    assert tok.decode(ids) == text
+    # Tags are matched before normalisation, so NFC applies to the text between them only.
+    pieces = re.split("(" + "|".join(map(re.escape, PROTOCOL_TAGS)) + ")", text)
+    assert tok.decode(ids) == "".join(p if p in PROTOCOL_TAGS else unicodedata.normalize("NFC", p) for p in pieces)
 
 
 def test_vocab_size_close_to_requested(built):
@@ -267,3 +273,17 @@ def test_failed_rebuild_keeps_previous_output(tmp_path, monkeypatch):
 def _raise_after_tokenizer(tokenizer, model, spec, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
     raise RuntimeError("midway")
+
+
+def test_reloaded_tokenizer_encodes_exactly_like_the_trained_one(built):
+    """AutoTokenizer reloads the saved tokenizer as Qwen2Tokenizer (config.json says qwen2), which
+    installs Qwen2's own normalizer and split rule; the trained merges must hold under them, or
+    every stage that loads the policy from disk would tokenize differently from the builder."""
+    reloaded = transformers.AutoTokenizer.from_pretrained(built.dir)
+    texts = built.corpus[:200] + [
+        "Born in 1987, she earned 1,309,840 votes; it's 3.5km away!\n\nNew line  two  spaces\tTab.",
+        "<think>x</think>\n<search>who is 42?</search>",
+        "Ünïcödé naïve café — “quotes” and ½ fractions",
+    ]
+    for text in texts:
+        assert reloaded.encode(text, add_special_tokens=False) == built.tokenizer.encode(text, add_special_tokens=False), text

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ragrl.io import atomic_dir
 
@@ -88,6 +88,12 @@ class TinyModelSpec:
             raise ValueError(f"vocab_size={self.vocab_size} must exceed {reserved} (byte alphabet plus added tokens)")
 
 
+# transformers' Qwen2Tokenizer split rule (models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX):
+# digits one by one, letters in runs, punctuation runs, whitespace handling of tiktoken's cl100k.
+QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                           r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
 # How often each environment's prompt is repeated in the tokenizer corpus: it opens every
 # training sequence, so weighing it like one passage would leave it split into characters.
 PROMPT_REPEATS = 50
@@ -125,9 +131,16 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> transformers.PreTr
 
 def _train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     backend = Tokenizer(models.BPE())
+    # Qwen2's normalizer and pre-tokenizer, exactly: config.json says qwen2, so AutoTokenizer
+    # reloads the saved tokenizer as Qwen2Tokenizer, which installs these two; merges learned
+    # under any other split rule (GPT-2's, say) would then encode differently after a reload.
     # No prefix space: "abc" at the start of a text must encode the same as after a special token,
     # and decode must return exactly the input.
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     backend.decoder = decoders.ByteLevel()
     # trim_offsets=False keeps character offsets exact, which the assistant-mask computation relies on.
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
