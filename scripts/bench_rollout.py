@@ -8,6 +8,11 @@ Usage (after `make run`, from the repository root, venv active):
 
 Prints a JSON line and a markdown row. RL step times come from the training logs the workflow
 wrote (results/train/<recipe>/train_log.jsonl), summarised with --train-logs.
+
+--force-search: a policy that searches on every turn, so the retrieval share is measured on
+rollouts that actually retrieve (the toy SFT models rarely emit a well-formed <search>). Each turn
+is "<search>" + up to 16 tokens the model decodes (real generation cost) + "</search>"; the
+forced answer turn is decoded freely. Tokens/s counts decoded tokens only.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ def bench_rollouts(args) -> dict:
     searcher = load_searcher(args.index, None, "dense")
     env = make_environment(args.env, AgentRetriever(searcher), topk=args.topk, max_queries=args.max_queries)
     generator = HFGenerator.from_pretrained(args.model)
+    if args.force_search:
+        generator = ForcedSearch(generator, generator.tokenizer)
     engine = RolloutEngine(generator, generator.tokenizer, env,
                            RolloutConfig(max_turns=3, max_turn_tokens=64, max_response_tokens=1024,
                                          max_obs_tokens=512, temperature=1.0, n=args.n))
@@ -41,7 +48,7 @@ def bench_rollouts(args) -> dict:
     for i in range(0, len(questions), args.batch_size):
         trajectories += engine.run_questions(questions[i : i + args.batch_size], n=args.n, seed=i)
     wall = time.perf_counter() - start
-    generated = sum(t.generated_tokens for t in trajectories)
+    generated = generator.decoded if args.force_search else sum(t.generated_tokens for t in trajectories)
     observed = sum(t.observation_tokens for t in trajectories)
     # env_time_s charges each searching trajectory the whole batched call; count each turn's call
     # once per batch by taking the max over trajectories of a batch and turn — approximated here
@@ -56,6 +63,37 @@ def bench_rollouts(args) -> dict:
         "searches_per_trajectory": round(statistics.mean(t.num_searches for t in trajectories), 2),
         "retrieval_wait_share": round(env_wall / wall, 3),
     }
+
+
+class ForcedSearch:
+    """Wraps a generator: every turn that is not the forced answer turn becomes a search whose
+    query the model decodes (at most 16 tokens)."""
+
+    def __init__(self, inner, tokenizer) -> None:
+        self.inner, self.tokenizer = inner, tokenizer
+        self.open = tokenizer.encode("<search>", add_special_tokens=False)
+        self.close = tokenizer.encode("</search>", add_special_tokens=False)
+        self.answer_open = tokenizer.encode("<answer>", add_special_tokens=False)
+        self.decoded = 0
+
+    def generate(self, batch, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *, stop_token_ids=(),
+                 stop_strings=()):
+        limits = [max_new_tokens] * len(batch) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        # The forced answer turn ends its context with the prefilled <answer>: decode it freely.
+        free = [list(ids[-len(self.answer_open):]) == self.answer_open for ids in batch]
+        prompts = [ids if f else list(ids) + self.open for ids, f in zip(batch, free)]
+        budget = [lim if f else min(16, max(lim - len(self.open) - len(self.close), 1)) for lim, f in zip(limits, free)]
+        outs = self.inner.generate(prompts, budget, temperature, top_p, seed, stop_token_ids=stop_token_ids,
+                                   stop_strings=stop_strings)
+        self.decoded += sum(len(o) for o in outs)
+        result = []
+        for out, f in zip(outs, free):
+            if f:
+                result.append(out)
+                continue
+            query = [t for t in out if t not in self.close and t not in self.open and t not in stop_token_ids]
+            result.append(self.open + (query or self.tokenizer.encode("x", add_special_tokens=False)) + self.close)
+        return result
 
 
 def summarise_train_logs(paths: list[Path]) -> list[dict]:
@@ -81,6 +119,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--n", type=int, default=1)
     p.add_argument("--train-logs", type=Path, nargs="*", default=[])
+    p.add_argument("--force-search", action="store_true", help="search on every turn (see module docstring)")
     args = p.parse_args()
     result = {"rollouts": bench_rollouts(args), "training": summarise_train_logs(args.train_logs)}
     print(json.dumps(result, indent=2))

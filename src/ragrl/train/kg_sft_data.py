@@ -34,10 +34,9 @@ from ragrl.kg.store import KGStore
 from ragrl.train.sft_data import (
     SFTDataStats,
     _append_segment,
-    _check_totals,
     _encode,
     _report,
-    _sft_row,
+    finish_drafts,
     read_qa_rows,
     write_sft_data,
 )
@@ -193,17 +192,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             d.ids += obs
             d.mask += [0] * len(obs)
 
-    rows = []
-    for d in drafts:
-        if d.dropped is None:
-            _append_segment(d, _encode(engine, answer_turn(d.plan)), engine, eos=append_eos)
-            _check_totals(d, engine)
-        if d.dropped is not None:
-            stats.dropped[d.dropped] += 1
-            continue
-        rows.append(_sft_row(d.plan.row_id, d.ids, d.mask, d.segments, engine.tokenizer))
-    stats.kept = len(rows)
-    return rows, stats
+    return finish_drafts(drafts, answer_turn, engine, stats, append_eos), stats
 
 
 def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store: KGStore, out: str | Path, *,

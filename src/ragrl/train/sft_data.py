@@ -208,17 +208,23 @@ def gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, *, require
         active = [d for d in drafts if d.dropped is None and turn < len(d.plan.turns)]
         if active:
             _search_turn(active, turn, env, recorder, engine, require_support)
+    return finish_drafts(drafts, answer_text, engine, stats, append_eos), stats
+
+
+def finish_drafts(drafts, answer_of, engine: RolloutEngine, stats: SFTDataStats, append_eos: bool) -> list[dict]:
+    """Append each surviving draft's answer turn (`answer_of(plan)`), check the totals, and turn
+    the drafts into SFT rows; dropped drafts are counted by reason in `stats`."""
     rows = []
     for d in drafts:
         if d.dropped is None:
-            _append_segment(d, _encode(engine, answer_text(d.plan)), engine, eos=append_eos)
+            _append_segment(d, _encode(engine, answer_of(d.plan)), engine, eos=append_eos)
             _check_totals(d, engine)
         if d.dropped is not None:
             stats.dropped[d.dropped] += 1
             continue
         rows.append(_sft_row(d.plan.row_id, d.ids, d.mask, d.segments, engine.tokenizer))
     stats.kept = len(rows)
-    return rows, stats
+    return rows
 
 
 def _search_turn(active: list[_Draft], turn: int, env, recorder: _RecordingRetriever, engine: RolloutEngine,
