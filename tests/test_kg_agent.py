@@ -11,6 +11,7 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -18,7 +19,7 @@ import transformers
 from replay import SegmentGenerator
 
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
-from ragrl.data.qa import load_qa
+from ragrl.data.qa import load_qa, row_golds
 from ragrl.errors import DataFormatError
 from ragrl.kg.store import KGStore, load_kg
 from ragrl.recipe import parse_recipe
@@ -27,7 +28,7 @@ from ragrl.stages import kg_agent
 from ragrl.toy.tiny_model import TinyModelSpec, build_tiny, with_prompt_text
 from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.train import advantages as adv_lib
-from ragrl.train.kg_sft_data import gold_path, kg_gold_trajectories, plan_row, row_golds
+from ragrl.train.kg_sft_data import gold_path, kg_gold_trajectories, plan_row
 from ragrl.train.rl import RLConfig, collate, sample_advantages
 
 SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
@@ -192,3 +193,29 @@ def test_subgraph_mode_serves_each_trajectory_its_own_question(tiny):
     with pytest.raises(Exception, match="sample"):
         RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, kg_agent.make_environment(sub), CFG).run_questions(
             [by_id[gold_sub[0]["id"]]["question"]], n=1)
+
+
+def test_evaluation_reports_kg_r1_entity_metrics(tiny, tmp_path):
+    """A KG evaluation adds Hits@1, entity F1 and retrieval hit per question and in metrics.json;
+    a policy replaying gold trajectories scores 1 on all, on the stage's own evaluate()."""
+    from ragrl.data.qa import write_qa
+
+    rows = tiny.qa["A_test"][:6]
+    gold, _ = kg_gold_trajectories(rows, _engine(tiny), load_kg(tiny.root / "world/kg/A").store)
+    import pyarrow.compute as pc
+
+    from ragrl.eval.evaluate import evaluate
+
+    kept = [g["id"] for g in gold]
+    qa = tmp_path / "qa.parquet"
+    write_qa("kgqa", tiny.root / "world/kgqa/A/test.parquet", qa)
+    table = pq.read_table(qa)
+    pq.write_table(table.filter(pc.is_in(table["id"], value_set=pa.array(kept))), qa)  # replayable rows only
+    metrics = evaluate(None, qa, "kg", None, tmp_path / "out", run_id="gold", dataset="A_test", rollout_cfg=CFG,
+                       generator=SegmentGenerator(gold), tokenizer=tiny.tok,
+                       env=kg_agent.make_environment(tiny.backend["A"]))
+    preds = pq.read_table(tmp_path / "out/predictions.parquet").to_pylist()
+    assert len(preds) == len(kept) >= 4
+    assert all(p["hits1"] == p["entity_f1"] == p["retrieval_hit"] == p["em"] == 1.0 and p["queries"] for p in preds)
+    assert {k: metrics["metrics"][k] for k in ("hits1", "entity_f1", "retrieval_hit")} == dict.fromkeys(
+        ("hits1", "entity_f1", "retrieval_hit"), 1.0)

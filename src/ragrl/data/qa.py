@@ -194,6 +194,17 @@ _LOADERS: dict[str, Callable[[PathLike], Located]] = {
 }
 
 
+def row_golds(row: dict) -> list[dict[str, str] | str]:
+    """Gold answers of a QA-contract row: the KGQA entities ({text, kb_id}) kept in its metadata
+    by the `kgqa` loader, else its plain golden_answers."""
+    meta = row.get("metadata") or "{}"
+    meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
+    answers = meta.get("answers")
+    if isinstance(answers, list) and answers:
+        return [a for a in answers if isinstance(a, (dict, str))]
+    return [str(g) for g in row.get("golden_answers") or []]
+
+
 def load_qa(fmt: str, path: PathLike) -> pa.Table:
     """A QA table (QA_SCHEMA) from one file in format `fmt`; question ids must be unique."""
     try:

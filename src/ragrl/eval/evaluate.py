@@ -6,9 +6,11 @@ Outputs (both written atomically, in `out_dir`):
   prediction (the final answer, "" when there is none), turns (assistant turns), searches
   (executed search actions), queries list<string> (executed queries, in order),
   generated_tokens, observation_tokens, latency_s, em, f1, cover_em, format, stop_reason,
-  response (the decoded response, for error analysis).
+  response (the decoded response, for error analysis); with the KG environment also hits1,
+  entity_f1 and retrieval_hit (KG-R1's metrics over answer entities).
 * `metrics.json`: {"run_id", "dataset", "n", "metrics": {em, f1, cover_em, format, turns,
-  searches}}, each metric the mean of its prediction column (null when n = 0).
+  searches[, hits1, entity_f1, retrieval_hit]}}, each metric the mean of its prediction column
+  (null when n = 0).
 
 Decoding is greedy by default: `temperature=0.0` overrides the rollout config's (pass
 `temperature=None` to sample with the config's own); one sample per question whatever
@@ -39,6 +41,9 @@ from ragrl.rewards.qa import cover_exact_match, exact_match, f1, format_reward
 
 NO_RETRIEVAL = "none"
 METRIC_COLUMNS = ("em", "f1", "cover_em", "format", "turns", "searches")
+# KG question answering adds KG-R1's entity metrics: Hits@1, F1 over answer entities (a name and
+# its KB id count once) and whether a gold answer appeared in any observation.
+KG_METRIC_COLUMNS = ("hits1", "entity_f1", "retrieval_hit")
 
 NO_SEARCH_INSTRUCTION = (
     "Answer the given question. Reason step by step inside <think> and </think>, then give the "
@@ -111,7 +116,10 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env_name: str
     predictions = run_predictions(engine, rows, batch_size, desc=f"eval {run_id}/{dataset}")
     metrics = summarize(predictions, run_id, dataset)
     out_dir = Path(out_dir)
-    write_parquet(pa.Table.from_pylist(predictions, schema=PREDICTION_SCHEMA), out_dir / "predictions.parquet")
+    schema = PREDICTION_SCHEMA
+    if engine.env.name == "kg":
+        schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in KG_METRIC_COLUMNS)])
+    write_parquet(pa.Table.from_pylist(predictions, schema=schema), out_dir / "predictions.parquet")
     write_json(metrics, out_dir / "metrics.json")
     shown = " ".join(f"{k}={v:.4f}" if v is not None else f"{k}=null" for k, v in metrics["metrics"].items())
     print(f"[eval] {run_id}/{dataset}: n={metrics['n']} {shown}", file=sys.stderr, flush=True)
@@ -128,8 +136,20 @@ def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "
     for batch in progress(batches, desc=desc, unit="batch"):
         trajs = engine.run_questions([r["question"] for r in batch], n=1, sample_ids=[str(r["id"]) for r in batch])
         for row, t in zip(batch, trajs, strict=True):
-            out.append(prediction_record(row, t, format_env))
+            record = prediction_record(row, t, format_env)
+            if engine.env.name == "kg":
+                record.update(kg_metrics(row, t))
+            out.append(record)
     return out
+
+
+def kg_metrics(row: dict, t) -> dict[str, float]:
+    from ragrl.data.qa import row_golds
+    from ragrl.rewards.kg import entity_f1, hits_at_1, observations, retrieval_hit
+
+    golds = row_golds(row)
+    return {"hits1": hits_at_1(t.answer, golds), "entity_f1": entity_f1(t.answer, golds),
+            "retrieval_hit": retrieval_hit(observations(t.response_text), golds)}
 
 
 def prediction_record(row: dict, t, format_env: str) -> dict:
@@ -160,7 +180,8 @@ def prediction_record(row: dict, t, format_env: str) -> dict:
 
 def summarize(predictions: Sequence[dict], run_id: str, dataset: str) -> dict:
     n = len(predictions)
-    means = {k: (math.fsum(float(p[k]) for p in predictions) / n if n else None) for k in METRIC_COLUMNS}
+    columns = METRIC_COLUMNS + tuple(k for k in KG_METRIC_COLUMNS if predictions and k in predictions[0])
+    means = {k: (math.fsum(float(p[k]) for p in predictions) / n if n else None) for k in columns}
     return {"run_id": run_id, "dataset": dataset, "n": n, "metrics": means}
 
 
@@ -205,7 +226,9 @@ def _quiet_progress_bars() -> None:
 
 
 def _read_questions(path: str | Path, limit: int | None) -> list[dict]:
-    table = pq.read_table(path, columns=["id", "question", "golden_answers"])
+    # metadata carries a KGQA row's answer entities (text and KB id) for the KG metrics.
+    columns = [c for c in ("id", "question", "golden_answers", "metadata") if c in pq.read_schema(path).names]
+    table = pq.read_table(path, columns=columns)
     if limit is not None:
         table = table.slice(0, max(limit, 0))
     return table.to_pylist()

@@ -62,7 +62,7 @@ def make_rollout_fn(recipe: Recipe, tokenizer, backend):
     from ragrl.agent.generation import HFGenerator
     from ragrl.agent.rollout import RolloutEngine
     from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
-    from ragrl.train.kg_sft_data import row_golds
+    from ragrl.data.qa import row_golds
     from ragrl.train.rl import Sample
 
     env = make_environment(backend)

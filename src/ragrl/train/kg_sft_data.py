@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, KG_CLOSE, KG_OPEN, THINK_CLOSE, THINK_OPEN, observation
 from ragrl.agent.rollout import RolloutEngine
+from ragrl.data.qa import row_golds
 from ragrl.kg.store import KGStore
 from ragrl.train.sft_data import (
     SFTDataStats,
@@ -60,17 +61,6 @@ class _Draft:
     dropped: str | None = None
     segments: int = 0
     texts: list[str] = field(default_factory=list)
-
-
-def row_golds(row: dict) -> list[dict[str, str] | str]:
-    """Gold answers of a QA-contract row: the KGQA entities ({text, kb_id}) kept in its metadata
-    by the `kgqa` loader, else its plain golden_answers."""
-    meta = row.get("metadata") or "{}"
-    meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
-    answers = meta.get("answers")
-    if isinstance(answers, list) and answers:
-        return [a for a in answers if isinstance(a, (dict, str))]
-    return [str(g) for g in row.get("golden_answers") or []]
 
 
 def topic_entities(row: dict) -> list[str]:
