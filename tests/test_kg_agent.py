@@ -45,7 +45,8 @@ def tiny(tmp_path_factory):
     qa = {f"{kg}_{split}": load_qa("kgqa", root / f"world/kgqa/{kg}/{split}.parquet").to_pylist()
           for kg in "AB" for split in ("train", "test")}
     yield SimpleNamespace(root=root, model_dir=model_dir, qa=qa, tok=transformers.AutoTokenizer.from_pretrained(model_dir),
-                          backend={kg: kg_agent.load_kg_backend(root / f"world/kg/{kg}") for kg in "AB"})
+                          backend={kg: kg_agent.load_kg_backend(root / f"world/kg/{kg}") for kg in "AB"},
+                          store={kg: load_kg(root / f"world/kg/{kg}").store for kg in "AB"})
     torch.set_num_threads(threads)
 
 
@@ -93,9 +94,9 @@ def test_gold_path_is_the_shortest_outgoing_chain():
 
 def test_gold_kg_trajectories_are_what_the_engine_produces_and_earn_full_reward(tiny):
     rows = tiny.qa["A_train"][:24]
-    gold, stats = kg_gold_trajectories(rows, _engine(tiny), load_kg(tiny.root / "world/kg/A").store)
+    gold, stats = kg_gold_trajectories(rows, _engine(tiny), tiny.store["A"])
     assert stats.total == 24 and stats.kept == len(gold) >= 20, stats.to_dict()
-    hops = {len(plan_row(r, load_kg(tiny.root / "world/kg/A").store).path) for r in rows}
+    hops = {len(plan_row(r, tiny.store["A"]).path) for r in rows}
     assert hops == {1, 2}
 
     # Replaying the gold assistant segments through the rollout engine reproduces every token and
@@ -118,7 +119,7 @@ def test_gold_kg_trajectories_are_what_the_engine_produces_and_earn_full_reward(
 
 def test_gold_trajectories_drop_rows_that_would_not_fit(tiny):
     rows = tiny.qa["A_train"][:24]
-    store = load_kg(tiny.root / "world/kg/A").store
+    store = tiny.store["A"]
     # Three tool turns cannot hold a two-hop plan (four queries) before the answer.
     _, stats = kg_gold_trajectories(rows, _engine(tiny, cfg=RolloutConfig(**{**CFG.__dict__, "max_turns": 3})), store)
     assert stats.dropped["too_many_turns"] > 0 and stats.kept + sum(stats.dropped.values()) == 24
@@ -162,7 +163,7 @@ def test_rollout_fn_attaches_turn_rewards_aligned_with_the_turn_index(tiny):
 def test_the_same_policy_transfers_by_swapping_only_the_kg(tiny):
     """KG B has other relation names; the environment built on it answers the same calls in B's
     vocabulary, and gold KG-A relation names are unknown there (so the agent must list relations)."""
-    a, b = (load_kg(tiny.root / f"world/kg/{kg}").store for kg in "AB")
+    a, b = tiny.store["A"], tiny.store["B"]
     row = next(r for r in tiny.qa["A_train"] if len(plan_row(r, a).path) == 1)
     (head, rel_a, tail), = plan_row(row, a).path
     (head_b, rel_b, tail_b), = plan_row({**row, "metadata": {**json.loads(row["metadata"]), "answers": [
@@ -176,7 +177,7 @@ def test_the_same_policy_transfers_by_swapping_only_the_kg(tiny):
 def test_subgraph_mode_serves_each_trajectory_its_own_question(tiny):
     """KG-R1 restricts each question to its subgraph: the engine passes each trajectory's question
     id to the environment, so gold trajectories and evaluation work unchanged in subgraph mode."""
-    store = load_kg(tiny.root / "world/kg/A").store
+    store = tiny.store["A"]
     sub = kg_agent.load_kg_backend(tiny.root / "world/kg/A", mode="subgraph")
     rows = tiny.qa["A_train"][:12]
     gold_whole, _ = kg_gold_trajectories(rows, _engine(tiny), store)
@@ -201,7 +202,7 @@ def test_evaluation_reports_kg_r1_entity_metrics(tiny, tmp_path):
     from ragrl.data.qa import write_qa
 
     rows = tiny.qa["A_test"][:6]
-    gold, _ = kg_gold_trajectories(rows, _engine(tiny), load_kg(tiny.root / "world/kg/A").store)
+    gold, _ = kg_gold_trajectories(rows, _engine(tiny), tiny.store["A"])
     import pyarrow.compute as pc
 
     from ragrl.eval.evaluate import evaluate

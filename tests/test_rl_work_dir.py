@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ragrl.stages.search_agent import _prepare_work_dir
+from ragrl.stages.agent_rl import prepare_work_dir as _prepare_work_dir
 
 
 def test_same_definition_keeps_checkpoints(tmp_path):

@@ -45,7 +45,10 @@ class Environment(Protocol):
 
     def parse(self, text: str) -> Action: ...
 
-    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = ()) -> list[str | None]: ...
+    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = (),
+                sample_ids: Sequence[str | None] | None = None) -> list[str | None]: ...
+    # sample_ids: the question id of each action's trajectory, for environments that answer per
+    # question (the KG's subgraph mode); environments that do not need it ignore it.
 
 
 class RetrievalResultError(ValueError):
@@ -71,7 +74,8 @@ class SearchEnvironment:
     def parse(self, text: str) -> Action:
         return parse_action(text, self.spec)
 
-    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = ()) -> list[str | None]:
+    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = (),
+                sample_ids: Sequence[str | None] | None = None) -> list[str | None]:
         """Information text (without the <information> tags) per action; None for answers.
 
         Invalid actions get an explanation; searches get their documents. All queries of all

@@ -146,8 +146,8 @@ class RolloutEngine:
             sample_ids: Sequence[str | None] | None = None) -> list[Trajectory]:
         """Roll out `n` samples per prompt (prompt-major order). Retrieval errors propagate.
 
-        `sample_ids` (one per prompt) reach environments that answer per question, as KG-R1's
-        subgraph mode does (`per_sample = True` on the environment)."""
+        `sample_ids` (one per prompt) reach the environment with each action, for environments
+        that answer per question, as KG-R1's subgraph mode does."""
         if sample_ids is not None and len(sample_ids) != len(prompts):
             raise ValueError(f"{len(sample_ids)} sample ids for {len(prompts)} prompts")
         cfg = self.config
@@ -211,10 +211,7 @@ class RolloutEngine:
         if not pending:
             return []
 
-        if getattr(self.env, "per_sample", False):
-            infos = self.env.respond([a for _, a in pending], self.reserved, sample_ids=[t.sample_id for t, _ in pending])
-        else:
-            infos = self.env.respond([a for _, a in pending], self.reserved)
+        infos = self.env.respond([a for _, a in pending], self.reserved, sample_ids=[t.sample_id for t, _ in pending])
         searched = getattr(self.env, "last_search_s", 0.0) if any(_is_tool_call(a) for _, a in pending) else 0.0
         still: list[Trajectory] = []
         for (t, action), info in zip(pending, infos):

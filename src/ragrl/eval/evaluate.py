@@ -83,7 +83,8 @@ class NoRetrievalEnvironment:
     def parse(self, text: str) -> Action:
         return parse_action(text, self.spec)
 
-    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = ()) -> list[str | None]:
+    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = (),
+                sample_ids: Sequence[str | None] | None = None) -> list[str | None]:
         return [None if a.kind == "answer" else
                 invalid_message(a.error or f"<{a.kind}> is not available here.", self.spec) for a in actions]
 

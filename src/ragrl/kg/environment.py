@@ -56,8 +56,6 @@ class KGEnvironment:
     name = "kg"
     # The rollout engine's default prompt for this environment (RolloutConfig.instruction overrides).
     instruction = DEFAULT_KG_INSTRUCTION
-    # The rollout engine passes each trajectory's question id to respond() (subgraph mode).
-    per_sample = True
 
     def __init__(self, backend: KGBackend, dataset_name: str | None = None, sample_id: str | None = None) -> None:
         self.backend = backend

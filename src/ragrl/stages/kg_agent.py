@@ -8,13 +8,10 @@ nothing else: same policy, prompt and protocol, which is KG-R1's transfer settin
 
 from __future__ import annotations
 
-import dataclasses
-import shutil
 from pathlib import Path
 
-from ragrl.io import atomic_path
-from ragrl.recipe import Recipe, rl_config
-from ragrl.stages.search_agent import _prepare_work_dir
+from ragrl.recipe import Recipe
+from ragrl.stages.agent_rl import group_rollouts, train_agent
 
 
 def load_kg_backend(kg: Path | None = None, mode: str = "whole", url: str | None = None):
@@ -59,22 +56,15 @@ def sft_data(recipe: Recipe, qa: Path, policy: Path, backend, out: Path, limit: 
 def make_rollout_fn(recipe: Recipe, tokenizer, backend):
     """Groups of KG rollouts scored with KG-R1's rewards: a global reward per trajectory and one
     reward per assistant turn, aligned with the engine's per-token turn index."""
-    from ragrl.agent.generation import HFGenerator
-    from ragrl.agent.rollout import RolloutEngine
-    from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
     from ragrl.data.qa import row_golds
+    from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
     from ragrl.train.rl import Sample
 
     env = make_environment(backend)
     turn_weights = recipe.turn_reward or DEFAULT_TURN_WEIGHTS
 
     def rollout_fn(batch_prompts: list[dict], group_size: int, model, step: int) -> list[Sample]:
-        generator = HFGenerator(model, tokenizer.pad_token_id, tokenizer)
-        cfg = dataclasses.replace(recipe.rollout, n=group_size)
-        engine = RolloutEngine(generator, tokenizer, env, cfg)
-        trajectories = engine.run_questions([p["question"] for p in batch_prompts], n=group_size,
-                                            seed=recipe.seed * 100_003 + step,
-                                            sample_ids=[str(p["id"]) for p in batch_prompts])
+        trajectories = group_rollouts(recipe, tokenizer, env, batch_prompts, group_size, model, step)
         samples = []
         for traj in trajectories:
             golds = row_golds(batch_prompts[traj.prompt_index])
@@ -99,21 +89,8 @@ def make_rollout_fn(recipe: Recipe, tokenizer, backend):
 
 def rl(recipe: Recipe, qa: Path, policy: Path, backend, out_dir: Path, limit: int | None = None,
        log_out: Path | None = None) -> Path:
-    import pyarrow.parquet as pq
-    from transformers import AutoTokenizer
-
-    from ragrl.train.rl import train_rl
-
-    table = pq.read_table(qa, columns=["id", "question", "golden_answers", "metadata"]).to_pylist()
-    prompts = table[:limit] if limit else table
-    _prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
-                                      "limit": limit, "kg": backend.health().get("datasets", {})})
-    tokenizer = AutoTokenizer.from_pretrained(policy)
-    final = train_rl(policy, None, prompts, make_rollout_fn(recipe, tokenizer, backend), rl_config(recipe), out_dir)
-    if log_out is not None:
-        with atomic_path(log_out) as tmp:
-            shutil.copyfile(Path(out_dir) / "train_log.jsonl", tmp)
-    return final
+    return train_agent(recipe, qa, policy, out_dir, lambda tok: make_rollout_fn(recipe, tok, backend),
+                       limit=limit, log_out=log_out, fingerprint={"kg": backend.health().get("datasets", {})})
 
 
 def evaluate(recipe: Recipe, model: Path, qa: Path, backend, out_dir: Path, *, run_id: str, dataset: str,

@@ -33,6 +33,7 @@ from ragrl.agent.rollout import RolloutEngine
 from ragrl.data.qa import row_golds
 from ragrl.kg.store import KGStore
 from ragrl.train.sft_data import (
+    Draft,
     SFTDataStats,
     _append_segment,
     _encode,
@@ -54,13 +55,8 @@ class KGPlan:
 
 
 @dataclass
-class _Draft:
-    plan: KGPlan
-    ids: list[int]
-    mask: list[int]
-    dropped: str | None = None
-    segments: int = 0
-    texts: list[str] = field(default_factory=list)
+class _Draft(Draft):
+    texts: list[str] = field(default_factory=list)  # the query turns of the plan, in order
 
 
 def topic_entities(row: dict) -> list[str]:

@@ -171,8 +171,10 @@ class _RecordingRetriever:
 
 
 @dataclass
-class _Draft:
-    plan: GoldPlan
+class Draft:
+    """One gold trajectory being assembled turn by turn (`dropped`: why it will not be kept)."""
+
+    plan: GoldPlan  # or any plan with a row_id (the KG agent's KGPlan)
     ids: list[int]
     mask: list[int]
     dropped: str | None = None
@@ -202,7 +204,7 @@ def gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, *, require
             stats.dropped["too_many_turns"] += 1  # the engine would force an answer turn instead
             continue
         prompt = engine.prompt_ids(plan.question)
-        drafts.append(_Draft(plan, list(prompt), [0] * len(prompt)))
+        drafts.append(Draft(plan, list(prompt), [0] * len(prompt)))
 
     for turn in range(max((len(d.plan.turns) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.plan.turns)]
@@ -227,7 +229,7 @@ def finish_drafts(drafts, answer_of, engine: RolloutEngine, stats: SFTDataStats,
     return rows
 
 
-def _search_turn(active: list[_Draft], turn: int, env, recorder: _RecordingRetriever, engine: RolloutEngine,
+def _search_turn(active: list[Draft], turn: int, env, recorder: _RecordingRetriever, engine: RolloutEngine,
                  require_support: bool) -> None:
     actions = []
     for d in active:
@@ -260,7 +262,7 @@ def _supported(hop: Hop, hits: Sequence[dict]) -> bool:
     return hop.passage is not None and any(str(h.get("id")) == hop.passage for h in hits)
 
 
-def _append_segment(d: _Draft, ids: list[int], engine: RolloutEngine, eos: bool = False) -> None:
+def _append_segment(d: Draft, ids: list[int], engine: RolloutEngine, eos: bool = False) -> None:
     if d.dropped is not None:
         return
     if len(ids) > engine.config.max_turn_tokens:
@@ -273,7 +275,7 @@ def _append_segment(d: _Draft, ids: list[int], engine: RolloutEngine, eos: bool 
     d.segments += 1
 
 
-def _check_totals(d: _Draft, engine: RolloutEngine) -> None:
+def _check_totals(d: Draft, engine: RolloutEngine) -> None:
     if d.dropped is not None:
         return
     cfg = engine.config
