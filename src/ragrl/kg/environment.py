@@ -12,9 +12,9 @@ All queries of one turn go to the backend in ONE `retrieve` call. A backend is a
 `KGBackendError` instead of being shown to the model, as retrieval failures do in the search
 environments.
 
-Subgraph mode needs the question each trajectory belongs to. `respond` receives only actions,
-so the question is bound to the environment (`sample_id`, or `for_sample(...)`), or passed per
-action through the optional `sample_ids` argument by a caller that knows it.
+Subgraph mode needs the question each trajectory belongs to: the rollout engine passes it per
+action (`respond(..., sample_ids=...)`); an environment bound to one question (`sample_id`, or
+`for_sample(...)`, for callers outside the engine) uses its own when an action comes without one.
 """
 
 from __future__ import annotations
