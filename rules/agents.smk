@@ -1,11 +1,13 @@
-# Agents (Search-R1, RAG-R1, KG-R1): gold-trajectory SFT data → SFT → merge → RL → merge →
-# evaluation of every run (base, no-retrieval, SFT, SFT+RL) on its evaluation datasets. A recipe's
-# environment reads a retriever's indexes, or (env kg) the KG its dataset names in config.
+# Agents (any method of ragrl.methods: Search-R1, RAG-R1, KG-R1, plug-ins): cold-start SFT data
+# (gold, teacher or imported) → SFT → merge → RL → merge → evaluation of every run (base,
+# no-retrieval, SFT, SFT+RL) on its evaluation datasets. What a recipe's environment reads comes
+# from its method's input kinds: a retriever's indexes, the KG its dataset names in config.
 
 
 rule sft_data:
     input:
         unpack(lambda wc: recipe_env_inputs(wc.recipe)),
+        unpack(lambda wc: sft_import_inputs(wc.recipe)),
         qa=lambda wc: qa_path(recipe(wc.recipe)["train_dataset"]),
         policy=policy_inputs(),
     output:
@@ -89,6 +91,7 @@ rule rl:
         env=recipe_env_flags,
         start=lambda wc, input: input.start if sft_enabled(wc.recipe) else policy_param(wc, input.start),
         work=lambda wc, output: os.path.dirname(os.path.dirname(output.model)),
+        limit=lambda wc: recipe(wc.recipe)["rl"].get("limit") or 0,
     log:
         "logs/rl/{recipe}.log",
     benchmark:
@@ -100,7 +103,8 @@ rule rl:
         "../envs/train.yaml"
     shell:
         "python -m ragrl rl --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.env}"
-        " --qa {input.qa} --policy {params.start} --out {params.work} --log-out {output.log} > {log} 2>&1"
+        " --qa {input.qa} --policy {params.start} --limit {params.limit} --out {params.work} --log-out {output.log}"
+        " > {log} 2>&1"
 
 
 rule merge_rl:

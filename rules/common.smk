@@ -17,7 +17,9 @@ sys.path.insert(0, _SRC)
 os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH")) if p))
 
 from ragrl.config import config_errors  # noqa: E402
+from ragrl.methods import get_method  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
+from ragrl.recipe import parse_recipe  # noqa: E402
 from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: E402
 
 
@@ -47,13 +49,40 @@ def _check_models():
             raise WorkflowError(str(exc)) from None
 
 
+def _check_recipes():
+    # Every key of every recipe section against the dataclass or method it feeds, and each SFT
+    # route against its data: a typo or an impossible route fails `snakemake -n`, not a job.
+    errors = []
+    for name, settings in config["recipes"].items():
+        try:
+            parsed = parse_recipe(settings, name)
+        except (ValueError, TypeError) as exc:
+            errors.append(str(exc))
+            continue
+        dataset = config["datasets"].get(settings["train_dataset"])
+        if (parsed.method.sft_data and settings["sft"].get("enabled", True) and parsed.sft_source == "gold"
+                and dataset is not None and parsed.method.gold_sft_reason is not None):
+            why = parsed.method.gold_sft_reason(dataset)
+            if why:
+                errors.append(f"config key 'recipes.{name}.sft.source': gold (the default) cannot be used: {why}. "
+                              "Set sft.source: teacher (with sft.teacher: {base_url, model}), sft.source: import "
+                              "(with sft.import: {path, format}), or sft.enabled: false")
+    if errors:
+        raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def method_of(settings):
+    return get_method(settings["env"], settings.get("plugin"))
+
+
 def _check_references():
     # Names that point at other config entries: a dangling one must fail here, not as a
     # "missing input" deep in the DAG.
     errors = []
     retrieval = config["retrieval"]
     # The passage corpus matters only where something retrieves passages (KG agents do not).
-    uses_passages = retrieval["eval"]["datasets"] or any(r["env"] != "kg" for r in config["recipes"].values())
+    uses_passages = retrieval["eval"]["datasets"] or any("retriever" in method_of(r).inputs
+                                                         for r in config["recipes"].values())
     if uses_passages and retrieval["corpus"] not in config["corpora"]:
         errors.append(f"config key 'retrieval.corpus': '{retrieval['corpus']}' is not a key of corpora {sorted(config['corpora'])}")
     for i, name in enumerate(retrieval["eval"]["datasets"]):
@@ -69,16 +98,17 @@ def _check_references():
             errors.append(f"config key 'datasets.{name}.kg': '{spec['kg']}' is not a key of kgs {sorted(config['kgs'])}")
     for name, settings in config["recipes"].items():
         key = f"recipes.{name}"
-        if settings["env"] != "kg" and settings.get("retriever") not in retrievers():
+        inputs = method_of(settings).inputs
+        if "retriever" in inputs and settings.get("retriever") not in retrievers():
             errors.append(f"config key '{key}.retriever': '{settings.get('retriever')}' is not one of {retrievers()}")
         datasets = [("train_dataset", settings["train_dataset"])]
         datasets += [(f"eval_datasets[{i}]", d) for i, d in enumerate(settings.get("eval_datasets", []))]
         for field, dataset in datasets:
             if dataset not in config["datasets"]:
                 errors.append(f"config key '{key}.{field}': '{dataset}' is not a key of datasets")
-            elif settings["env"] == "kg" and "kg" not in config["datasets"][dataset]:
+            elif "graph" in inputs and "kg" not in config["datasets"][dataset]:
                 errors.append(f"config key '{key}.{field}': dataset '{dataset}' names no kg (datasets.{dataset}.kg), "
-                              "which env kg needs")
+                              f"which method {settings['env']!r} needs")
     for i, name in enumerate(config["evaluation"]["datasets"]):
         if name not in config["datasets"]:
             errors.append(f"config key 'evaluation.datasets[{i}]': '{name}' is not a key of datasets {sorted(config['datasets'])}")
@@ -274,9 +304,9 @@ def recipe_json(settings):
 # What each stage of a recipe reads. Rules get only their part as params, so that editing one
 # setting re-runs exactly the jobs it affects (Snakemake re-runs a job when its params change):
 # a new RL learning rate re-runs that recipe's RL and what follows, not its SFT.
-_ROLLOUT_KEYS = ("env", "retriever", "topk", "max_queries", "rollout", "seed")
-# KG gold paths: the SFT data depend on how many hops a plan may take.
-_SFT_DATA_KEYS = ("limit", "max_hops")
+_ROLLOUT_KEYS = ("env", "plugin", "retriever", "topk", "max_queries", "rollout", "seed", "options")
+# How the SFT data are made (ragrl.recipe.SFT_EXTRA_KEYS minus `enabled`, which only gates the rules).
+_SFT_DATA_KEYS = ("limit", "source", "teacher", "import")
 
 
 def recipe_part(name, stage, settings=None):
@@ -293,10 +323,6 @@ def recipe_part(name, stage, settings=None):
     raise ValueError(stage)
 
 
-def recipe_retriever_inputs(name):
-    return retriever_files(config["retrieval"]["corpus"], recipe(name)["retriever"])
-
-
 def kg_spec(dataset):
     """The KG (config kgs entry) a KG agent queries on `dataset`."""
     return config["kgs"][config["datasets"][dataset]["kg"]]
@@ -311,22 +337,26 @@ def kg_inputs(dataset):
 
 
 def env_inputs(settings, recipe_name, dataset):
-    """What the recipe's environment reads: the index files of its retriever, or the dataset's KG."""
-    if settings["env"] == "none":
-        return {}
-    if settings["env"] == "kg":
-        return kg_inputs(dataset)
-    return recipe_retriever_inputs(recipe_name)
+    """What the recipe's environment reads, by its method's input kinds: the index files of its
+    retriever, the dataset's KG."""
+    inputs = {}
+    for kind in method_of(settings).inputs:
+        inputs.update(kg_inputs(dataset) if kind == "graph" else retriever_files(config["retrieval"]["corpus"],
+                                                                              settings["retriever"]))
+    return inputs
 
 
 def env_flags(input, settings, dataset):
     """CLI flags naming what the environment reads (see env_inputs)."""
-    if settings["env"] == "none":
-        return ""
-    if settings["env"] == "kg":
-        kg = input["kg"]
-        return f"--kg {os.path.dirname(kg) if kg.endswith('.parquet') else kg} --kg-mode {kg_spec(dataset)['mode']}"
-    return _retriever_flags(input, settings["retriever"])
+    flags = []
+    for kind in method_of(settings).inputs:
+        if kind == "graph":
+            kg = input["kg"]
+            flags.append(f"--kg {os.path.dirname(kg) if kg.endswith('.parquet') else kg} "
+                         f"--kg-mode {kg_spec(dataset)['mode']}")
+        else:
+            flags.append(_retriever_flags(input, settings["retriever"]))
+    return " ".join(flags)
 
 
 def recipe_env_inputs(name):
@@ -338,8 +368,14 @@ def recipe_env_flags(wildcards, input):
     return env_flags(input, recipe(wildcards.recipe), recipe(wildcards.recipe)["train_dataset"])
 
 
+def sft_import_inputs(name):
+    """The published SFT file a recipe imports (sft.source: import) is an input of its sft_data job."""
+    sft = recipe(name)["sft"]
+    return {"sft_import": sft["import"]["path"]} if sft.get("source") == "import" else {}
+
+
 def sft_enabled(name):
-    return recipe(name)["sft"].get("enabled", True)
+    return recipe(name)["sft"].get("enabled", True) and method_of(recipe(name)).sft_data
 
 
 def merged_dir(name, stage):
@@ -355,8 +391,9 @@ def runs():
     """Every evaluated run: id → recipe settings (as passed to the CLI), model dir, stage."""
     out = {}
     names = list(config["recipes"])
-    # The baselines use the first search recipe's prompt and budgets on evaluation.datasets.
-    search = [n for n in names if recipe(n)["env"] != "kg"]
+    # The baselines use the prompt and budgets of the first recipe whose method has them, on
+    # evaluation.datasets: `base` in that recipe's environment, `no_retrieval` closed book.
+    search = [n for n in names if method_of(recipe(n)).baselines]
     if config["evaluation"]["baselines"] and search:
         first = recipe(search[0])
         out["base"] = {"recipe": search[0], "settings": first, "model": policy_dir(), "stage": "base"}
@@ -456,4 +493,5 @@ def all_outputs():
 
 
 _check_models()
+_check_recipes()
 _check_references()

@@ -19,7 +19,14 @@ import torch
 import transformers
 
 from ragrl.agent.rollout import RolloutConfig
-from ragrl.eval.evaluate import METRIC_COLUMNS, NO_SEARCH_INSTRUCTION, PREDICTION_SCHEMA, evaluate
+from ragrl.agent.environments import MultiQuerySearchEnvironment, SearchEnvironment
+from ragrl.agent.retriever_adapter import AgentRetriever
+from ragrl.eval.evaluate import METRIC_COLUMNS, PREDICTION_SCHEMA, evaluate
+from ragrl.methods import get_method
+from ragrl.methods.closed_book import NO_SEARCH_INSTRUCTION
+from ragrl.recipe import parse_recipe
+from ragrl.settings import RolloutConfig as _Cfg
+from ragrl.stages.agent import environment
 from ragrl.retrieval.searcher import load_searcher
 from ragrl.retrieval.sparse import build_bm25
 from ragrl.toy.tiny_model import TinyModelSpec, build_tiny
@@ -95,7 +102,8 @@ def test_metrics_by_hand(tiny, tmp_path):
 
     policy = ScriptedPolicy(tiny.tok, script)
     cfg = RolloutConfig(max_turns=2, max_turn_tokens=64)  # temperature 1.0: evaluate() makes it greedy
-    metrics = evaluate(None, path, "search", tiny.searcher, tmp_path / "out", run_id="r1", dataset="toy",
+    env = SearchEnvironment(AgentRetriever(tiny.searcher), topk=3)
+    metrics = evaluate(None, path, env, tmp_path / "out", run_id="r1", dataset="toy",
                        rollout_cfg=cfg, batch_size=3, generator=policy, tokenizer=tiny.tok)
     table, written = _read(tmp_path / "out")
     assert written == metrics and written["run_id"] == "r1" and written["dataset"] == "toy" and written["n"] == 4
@@ -137,8 +145,10 @@ def test_no_retrieval_baseline_answers_at_once(tiny, tmp_path):
         return "<think>hmm</think>\n<search>something</search>"
 
     policy = ScriptedPolicy(tiny.tok, script)
-    metrics = evaluate(None, path, "none", None, tmp_path / "none", run_id="r1", dataset="toy",
-                       generator=policy, tokenizer=tiny.tok)
+    closed_book = get_method("none")
+    metrics = evaluate(None, path, closed_book.make_environment(None, {}), tmp_path / "none", run_id="r1",
+                       dataset="toy", rollout_cfg=closed_book.eval_rollout(_Cfg()), generator=policy,
+                       tokenizer=tiny.tok)
     rows = pq.read_table(tmp_path / "none" / "predictions.parquet").to_pylist()
     assert len(policy.prompts) == 2  # one turn each, no observations
     assert all("search" not in prompt and NO_SEARCH_INSTRUCTION.split(".")[0] in prompt for prompt in policy.prompts)
@@ -146,9 +156,8 @@ def test_no_retrieval_baseline_answers_at_once(tiny, tmp_path):
         (1.0, 1.0, 1, 0, []), (0.0, 0.0, 1, 0, [])]
     assert rows[1]["prediction"] == "" and rows[1]["observation_tokens"] == 0
     assert metrics["metrics"]["em"] == 0.5 and metrics["metrics"]["searches"] == 0.0
-    with pytest.raises(ValueError, match="needs a retriever"):
-        evaluate(None, path, "search", None, tmp_path / "x", run_id="r", dataset="d",
-                 generator=policy, tokenizer=tiny.tok)
+    with pytest.raises(ValueError, match="needs --index/--bm25"):
+        environment(parse_recipe({"env": "search"}, "r"), {})
 
 
 def test_evaluate_a_saved_model_greedily(tiny, tmp_path):
@@ -156,7 +165,8 @@ def test_evaluate_a_saved_model_greedily(tiny, tmp_path):
     cfg = RolloutConfig(max_turns=1, max_turn_tokens=12, max_obs_tokens=256)
     runs = []
     for name in ("a", "b"):
-        evaluate(tiny.model_dir, qa, "multi_query_search", tiny.searcher, tmp_path / name, run_id="tiny",
+        env = MultiQuerySearchEnvironment(AgentRetriever(tiny.searcher), 3, 3)
+        evaluate(tiny.model_dir, qa, env, tmp_path / name, run_id="tiny",
                  dataset="toy_test", rollout_cfg=cfg, batch_size=2, max_questions=3, dtype="float32")
         runs.append(_read(tmp_path / name))
     (table, metrics), (again, _) = runs

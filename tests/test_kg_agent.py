@@ -24,7 +24,10 @@ from ragrl.errors import DataFormatError
 from ragrl.kg.store import KGStore, load_kg
 from ragrl.recipe import parse_recipe
 from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
-from ragrl.stages import kg_agent
+from ragrl.kg.environment import KGEnvironment
+from ragrl.methods import get_method
+from ragrl.stages.agent import load_backends
+from ragrl.stages.agent_rl import make_rollout_fn
 from ragrl.toy.tiny_model import TinyModelSpec, build_tiny, with_prompt_text
 from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.train import advantages as adv_lib
@@ -45,13 +48,13 @@ def tiny(tmp_path_factory):
     qa = {f"{kg}_{split}": load_qa("kgqa", root / f"world/kgqa/{kg}/{split}.parquet").to_pylist()
           for kg in "AB" for split in ("train", "test")}
     yield SimpleNamespace(root=root, model_dir=model_dir, qa=qa, tok=transformers.AutoTokenizer.from_pretrained(model_dir),
-                          backend={kg: kg_agent.load_kg_backend(root / f"world/kg/{kg}") for kg in "AB"},
+                          backend={kg: load_backends(kg=root / f"world/kg/{kg}")["graph"] for kg in "AB"},
                           store={kg: load_kg(root / f"world/kg/{kg}").store for kg in "AB"})
     torch.set_num_threads(threads)
 
 
 def _engine(tiny, kg="A", generator=None, cfg=CFG):
-    return RolloutEngine(generator, tiny.tok, kg_agent.make_environment(tiny.backend[kg]), cfg)
+    return RolloutEngine(generator, tiny.tok, KGEnvironment(tiny.backend[kg]), cfg)
 
 
 # --------------------------------------------------------------------------- KGQA loading
@@ -133,7 +136,7 @@ def test_rollout_fn_attaches_turn_rewards_aligned_with_the_turn_index(tiny):
                            "turn_reward": {"format": 0.15, "query": 0.1, "answer": 0.1},
                            "reward": {"f1": 0.3, "retrieval": 0.4}}, "kg_r1")
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny.model_dir, dtype=torch.float32)
-    rollout_fn = kg_agent.make_rollout_fn(recipe, tiny.tok, tiny.backend["A"])
+    rollout_fn = make_rollout_fn(recipe, tiny.tok, KGEnvironment(tiny.backend["A"]))
     prompts = tiny.qa["A_train"][:2]
     samples = rollout_fn(prompts, 3, model, 1)
     assert len(samples) == 6 and sorted({s.group for s in samples}) == [0, 1]
@@ -142,7 +145,7 @@ def test_rollout_fn_attaches_turn_rewards_aligned_with_the_turn_index(tiny):
     for s in with_turns:
         assert len(s.turn_rewards) == max(s.turn_index) + 1
         assert all(0.0 <= r <= 0.35 + 1e-9 for r in s.turn_rewards)
-        assert 0.0 <= s.reward <= 0.7 + 1e-9 and "reward_f1" in s.stats and "turn_reward_mean" in s.stats
+        assert 0.0 <= s.reward <= 0.7 + 1e-9 and "reward_f1" in s.stats and "reward_turn_mean" in s.stats
 
     # The trainer's advantages: A = w * A_turn + A_global on policy tokens, 0 on observations.
     cfg = RLConfig(group_size=3, batch_prompts=2, turn_advantage_weight=0.5)
@@ -169,7 +172,7 @@ def test_the_same_policy_transfers_by_swapping_only_the_kg(tiny):
     (head_b, rel_b, tail_b), = plan_row({**row, "metadata": {**json.loads(row["metadata"]), "answers": [
         {"text": tail, "kb_id": None}]}}, b).path
     assert (head_b, tail_b) == (head, tail) and rel_b != rel_a
-    env_b = kg_agent.make_environment(tiny.backend["B"])
+    env_b = KGEnvironment(tiny.backend["B"])
     obs = env_b.respond([env_b.parse(f'<kg-query>get_entities_out("{head}", "{rel_a}")</kg-query>')])[0]
     assert obs.startswith("Relation not found") and rel_b in obs
 
@@ -178,21 +181,21 @@ def test_subgraph_mode_serves_each_trajectory_its_own_question(tiny):
     """KG-R1 restricts each question to its subgraph: the engine passes each trajectory's question
     id to the environment, so gold trajectories and evaluation work unchanged in subgraph mode."""
     store = tiny.store["A"]
-    sub = kg_agent.load_kg_backend(tiny.root / "world/kg/A", mode="subgraph")
+    sub = load_backends(kg=tiny.root / "world/kg/A", kg_mode="subgraph")["graph"]
     rows = tiny.qa["A_train"][:12]
     gold_whole, _ = kg_gold_trajectories(rows, _engine(tiny), store)
-    engine = RolloutEngine(None, tiny.tok, kg_agent.make_environment(sub), CFG)
+    engine = RolloutEngine(None, tiny.tok, KGEnvironment(sub), CFG)
     gold_sub, stats = kg_gold_trajectories(rows, engine, store)
     assert stats.kept == len(gold_whole) > 0
     # Same calls, answered from 2-hop neighbourhoods: relation listings can only shrink.
     assert all(len(s["input_ids"]) <= len(w["input_ids"]) for s, w in zip(gold_sub, gold_whole))
     by_id = {r["id"]: r for r in rows}
-    trajs = RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, kg_agent.make_environment(sub), CFG).run_questions(
+    trajs = RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, KGEnvironment(sub), CFG).run_questions(
         [by_id[g["id"]]["question"] for g in gold_sub], n=1, sample_ids=[g["id"] for g in gold_sub])
     assert [t.prompt_ids + t.response_ids for t in trajs] == [g["input_ids"][:-1] for g in gold_sub]
     # Without its question id a subgraph-mode call is a pipeline error, not an observation.
     with pytest.raises(Exception, match="sample"):
-        RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, kg_agent.make_environment(sub), CFG).run_questions(
+        RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, KGEnvironment(sub), CFG).run_questions(
             [by_id[gold_sub[0]["id"]]["question"]], n=1)
 
 
@@ -212,9 +215,10 @@ def test_evaluation_reports_kg_r1_entity_metrics(tiny, tmp_path):
     write_qa("kgqa", tiny.root / "world/kgqa/A/test.parquet", qa)
     table = pq.read_table(qa)
     pq.write_table(table.filter(pc.is_in(table["id"], value_set=pa.array(kept))), qa)  # replayable rows only
-    metrics = evaluate(None, qa, "kg", None, tmp_path / "out", run_id="gold", dataset="A_test", rollout_cfg=CFG,
-                       generator=SegmentGenerator(gold), tokenizer=tiny.tok,
-                       env=kg_agent.make_environment(tiny.backend["A"]))
+    kg = get_method("kg")
+    metrics = evaluate(None, qa, KGEnvironment(tiny.backend["A"]), tmp_path / "out", run_id="gold", dataset="A_test",
+                       rollout_cfg=CFG, generator=SegmentGenerator(gold), tokenizer=tiny.tok,
+                       extra_metrics=kg.eval_metrics, extra_columns=kg.eval_metric_columns)
     preds = pq.read_table(tmp_path / "out/predictions.parquet").to_pylist()
     assert len(preds) == len(kept) >= 4
     assert all(p["hits1"] == p["entity_f1"] == p["retrieval_hit"] == p["em"] == 1.0 and p["queries"] for p in preds)

@@ -6,21 +6,20 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from ragrl.agent.protocol import forced_answer_prompt, observation
+from ragrl.train import advantages as adv_lib
 from ragrl.rewards.kg import (
     KGTurn,
     answer_items,
     entity_f1,
     gold_entities,
-    group_normalise,
     hits_at_1,
     kg_rewards,
     retrieval_hit,
     split_turns,
     turn_format_ok,
-    turn_group_normalise,
-    turn_level_advantages,
     turn_reward_components,
     turn_rewards,
     weighted_sum,
@@ -170,14 +169,28 @@ def test_kg_rewards_of_a_response():
 R3, R2 = 1 / math.sqrt(3), 1 / math.sqrt(2)
 
 
+# The trainer's own functions (ragrl.train.advantages) on KG-R1's hand-computed cases.
+
+
+def _token_adv(turn_r, global_r, groups, turn_index, mask, turn_weight=0.5, scale_by_std=True, eps=1e-9):
+    """A = w * A_turn[turn] + A_global on mask-1 tokens, via the trainer's advantage functions."""
+    width = max(len(m) for m in mask)
+    pad = lambda rows, v: torch.tensor([list(r) + [v] * (width - len(r)) for r in rows])  # noqa: E731
+    seq = adv_lib.group_advantages(global_r, groups, scale_by_std=scale_by_std, eps=eps)
+    turns = adv_lib.turn_advantages(turn_r, groups, scale_by_std=scale_by_std, eps=eps)
+    out = adv_lib.token_advantages(seq, pad(mask, 0), pad(turn_index, -1), turns, turn_weight)
+    return [row[: len(m)].tolist() for row, m in zip(out, mask)]
+
+
 def test_group_normalisation_hand_computed():
     # Group 0: [1, 0] -> mean 0.5, Bessel std sqrt(0.5) -> ±1/sqrt(2). Group 1: a lone sample -> 0.
-    assert group_normalise([1.0, 0.0, 5.0], ["a", "a", "b"], eps=0) == pytest.approx([R2, -R2, 0.0])
-    assert group_normalise([1.0, 0.0, 5.0], ["a", "a", "b"], scale_by_std=False) == pytest.approx([0.5, -0.5, 0.0])
-    assert group_normalise([2.0, 2.0], [0, 0]) == pytest.approx([0.0, 0.0])  # no spread, no signal
+    assert adv_lib.group_advantages([1.0, 0.0, 5.0], [0, 0, 1], eps=1e-9).tolist() == pytest.approx([R2, -R2, 0.0], abs=1e-6)
+    assert adv_lib.group_advantages([1.0, 0.0, 5.0], [0, 0, 1], scale_by_std=False).tolist() == pytest.approx(
+        [0.5, -0.5, 0.0])
+    assert adv_lib.group_advantages([2.0, 2.0], [0, 0]).tolist() == pytest.approx([0.0, 0.0])  # no spread, no signal
     # Turn rewards are pooled over the group: [0.25, 0] and [0.25] -> pool [0.25, 0, 0.25], mean 1/6,
     # Bessel variance ((1/12)^2 + (1/6)^2 + (1/12)^2) / 2 = 1/48 -> [1, -2, 1] / sqrt(3).
-    a = turn_group_normalise([[0.25, 0.0], [0.25], [1.0, 0.5]], [0, 0, 1], eps=0)
+    a = adv_lib.turn_advantages([[0.25, 0.0], [0.25], [1.0, 0.5]], [0, 0, 1], eps=1e-9)
     assert a[0] == pytest.approx([R3, -2 * R3]) and a[1] == pytest.approx([R3])
     assert a[2] == pytest.approx([R2, -R2])
 
@@ -188,7 +201,7 @@ def test_turn_level_advantages_hand_computed():
     groups = [0, 0, 1]
     turn_index = [[0, 0, 0, 1, 1], [0, 0, -1], [0, 1, 1, 2]]
     mask = [[1, 1, 0, 1, 1], [1, 1, 0], [1, 1, 0, 1]]
-    adv = turn_level_advantages(turn_r, global_r, groups, turn_index, mask, turn_weight=0.5, eps=0)
+    adv = _token_adv(turn_r, global_r, groups, turn_index, mask)
     # A = 0.5 * A_turn[turn] + A_global, zero on mask 0; sample 2 is alone in its group (A_global = 0)
     # and its turn 2 has no reward (only the global part).
     expected = [
@@ -196,31 +209,20 @@ def test_turn_level_advantages_hand_computed():
         [0.5 * R3 - R2, 0.5 * R3 - R2, 0.0],
         [0.5 * R2, -0.5 * R2, 0.0, 0.0],
     ]
-    assert isinstance(adv, list)
     for got, want in zip(adv, expected):
-        assert got == pytest.approx(want)
+        assert got == pytest.approx(want, abs=1e-6)
     # Without std scaling: turn pool centred [1/12, -1/6, 1/12] and [0.25, -0.25]; globals ±0.5.
-    plain = turn_level_advantages(turn_r, global_r, groups, turn_index, mask, scale_by_std=False)
-    assert plain[0] == pytest.approx([0.5 / 12 + 0.5, 0.5 / 12 + 0.5, 0, -0.5 / 6 + 0.5, -0.5 / 6 + 0.5])
-    assert plain[2] == pytest.approx([0.125, -0.125, 0, 0])
+    plain = _token_adv(turn_r, global_r, groups, turn_index, mask, scale_by_std=False, eps=1e-6)
+    assert plain[0] == pytest.approx([0.5 / 12 + 0.5, 0.5 / 12 + 0.5, 0, -0.5 / 6 + 0.5, -0.5 / 6 + 0.5], abs=1e-6)
+    assert plain[2] == pytest.approx([0.125, -0.125, 0, 0], abs=1e-6)
 
 
 def test_turn_level_advantages_on_padded_arrays():
-    turn_index = np.array([[0, 1, 1, 0], [0, 0, 0, 0]])
-    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])  # right padding carries mask 0
-    adv = turn_level_advantages([[1.0, 0.0], [0.0]], [1.0, 0.0], [7, 7], turn_index, mask, turn_weight=1.0, eps=0)
-    assert isinstance(adv, np.ndarray) and adv.shape == (2, 4)
+    turn_index = [[0, 1, 1, 0], [0, 0, 0, 0]]
+    mask = [[1, 1, 1, 0], [1, 1, 0, 0]]  # right padding carries mask 0
+    adv = _token_adv([[1.0, 0.0], [0.0]], [1.0, 0.0], [7, 7], turn_index, mask, turn_weight=1.0)
     # pool [1, 0, 0]: mean 1/3, Bessel std sqrt(1/3) -> [2, -1, -1] / sqrt(3); globals ±1/sqrt(2)
-    assert adv[0] == pytest.approx([2 * R3 + R2, -R3 + R2, -R3 + R2, 0.0])
-    assert adv[1] == pytest.approx([-R3 - R2, -R3 - R2, 0.0, 0.0])
-    assert (adv[mask == 0] == 0).all()
-    zero_weight = turn_level_advantages([[1.0, 0.0], [0.0]], [1.0, 0.0], [7, 7], turn_index, mask,
-                                        turn_weight=0.0, eps=0)
-    assert zero_weight[0] == pytest.approx([R2, R2, R2, 0.0])
-
-
-def test_turn_level_advantages_validate_shapes():
-    with pytest.raises(ValueError, match="rows for 2 samples"):
-        turn_level_advantages([[1.0], [0.0]], [1.0], [0, 0], [[0], [0]], [[1], [1]])
-    with pytest.raises(ValueError, match="turn_index shape"):
-        turn_level_advantages([[1.0]], [1.0], [0], [[0, 0]], [[1]])
+    assert adv[0] == pytest.approx([2 * R3 + R2, -R3 + R2, -R3 + R2, 0.0], abs=1e-6)
+    assert adv[1] == pytest.approx([-R3 - R2, -R3 - R2, 0.0, 0.0], abs=1e-6)
+    zero_weight = _token_adv([[1.0, 0.0], [0.0]], [1.0, 0.0], [7, 7], turn_index, mask, turn_weight=0.0)
+    assert zero_weight[0] == pytest.approx([R2, R2, R2, 0.0], abs=1e-6)

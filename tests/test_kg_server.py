@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from ragrl.agent.protocol import Action, forced_answer_prompt, observation
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
@@ -18,7 +19,8 @@ from ragrl.kg.ops import Status
 from ragrl.kg.server import KGService, RequestError, ServerLimits, create_app, parse_batch
 from ragrl.kg.store import KGStore, load_kg
 from ragrl.retrieval.service import BackgroundServer
-from ragrl.rewards.kg import kg_rewards, split_turns, turn_level_advantages
+from ragrl.rewards.kg import kg_rewards, split_turns
+from ragrl.train import advantages as adv_lib
 
 FIXTURE = Path(__file__).resolve().parents[1] / "resources" / "fixtures" / "kgqa" / "simple"
 BIRTH = "people.person.place_of_birth"
@@ -311,10 +313,12 @@ def test_rollout_engine_drives_the_kg_environment_end_to_end(service):
     # answer 0.1 on the last turn.
     assert rewards.turn_rewards == pytest.approx([0.25, 0.25, 0.15, 0.25])
     assert rewards.global_components == {"f1": 1.0, "hits1": 1.0, "retrieval": 1.0, "format": 1.0}
-    adv = turn_level_advantages([rewards.turn_rewards, [0.0, 0.0, 0.0, 0.0]], [rewards.global_reward, 0.0], [0, 0],
-                                [t.turn_index, trajs[1].turn_index], [t.loss_mask, [0] * len(trajs[1].loss_mask)])
-    assert all(a == 0 for a, m in zip(adv[0], t.loss_mask) if m == 0)
-    assert all(a > 0 for a, m in zip(adv[0], t.loss_mask) if m == 1)
+    seq = adv_lib.group_advantages([rewards.global_reward, 0.0], [0, 0])
+    turn = adv_lib.turn_advantages([rewards.turn_rewards, [0.0, 0.0, 0.0, 0.0]], [0, 0])
+    adv = adv_lib.token_advantages(seq[:1], torch.tensor([t.loss_mask]), torch.tensor([t.turn_index]), turn[:1],
+                                   turn_weight=0.5)[0].tolist()
+    assert all(a == 0 for a, m in zip(adv, t.loss_mask) if m == 0)
+    assert all(a > 0 for a, m in zip(adv, t.loss_mask) if m == 1)
 
 
 def test_observation_wrapping_matches_protocol(service):

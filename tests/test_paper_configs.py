@@ -64,6 +64,7 @@ def _merged(paper: Path) -> dict:
 def _source_files(config: dict) -> list[str]:
     files = [f for spec in config["corpora"].values() for f in spec["inputs"]]
     files += [spec["path"] for spec in config["datasets"].values()]
+    files += [r["sft"]["import"]["path"] for r in config["recipes"].values() if r["sft"].get("source") == "import"]
     return files
 
 

@@ -84,7 +84,7 @@ GOOD = (
 
 
 @pytest.mark.parametrize(
-    ("text", "env", "score"),
+    ("text", "tools", "score"),
     [
         (GOOD, "search", 1.0),
         ("<think>easy</think><answer>x</answer>", "search", 1.0),
@@ -97,11 +97,11 @@ GOOD = (
          "search", 0.0),
         ("<think>a <search>q</search></think><answer>x</answer>", "search", 0.0),
         ("<think>a</think><search>q1 | q2</search>" + observation("docs") + "<think>b</think><answer>x</answer>",
-         "multi_query_search", 1.0),
+         "search", 1.0),
         ("<think>a</think><kg-query>q</kg-query>" + observation("triples") + "<think>b</think><answer>x</answer>",
          "search", 0.0),
         ("<think>a</think><kg-query>q</kg-query>" + observation("triples") + "<think>b</think><answer>x</answer>",
-         "kg", 1.0),
+         "kg-query", 1.0),
         # forced final turn: the environment prefilled <answer>, so no <think> is required there
         ("<think>a</think><search>q</search>" + observation("docs") + forced_answer_prompt() + "Velmar</answer>",
          "search", 1.0),
@@ -111,8 +111,8 @@ GOOD = (
          "search", 0.0),
     ],
 )
-def test_format_reward(text, env, score):
-    assert format_reward(text, env) == score
+def test_format_reward(text, tools, score):
+    assert format_reward(text, tools) == score
 
 
 def test_forced_exemption_needs_the_exact_notice():

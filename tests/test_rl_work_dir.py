@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ragrl.stages.agent_rl import prepare_work_dir as _prepare_work_dir
+from ragrl.train.checkpoint import prepare_work_dir as _prepare_work_dir
 
 
 def test_same_definition_keeps_checkpoints(tmp_path):

@@ -25,7 +25,7 @@ import pytest
 import torch
 import transformers
 
-from ragrl.agent.environments import MultiQuerySearchEnvironment, RetrievalResultError, SearchEnvironment, make_environment
+from ragrl.agent.environments import MultiQuerySearchEnvironment, RetrievalResultError, SearchEnvironment
 from ragrl.agent.generation import GenerationBackendError, HFGenerator, OpenAICompletionsGenerator
 from ragrl.agent.protocol import OBS_PREFIX, OBS_SUFFIX, TURN_LIMIT_NOTICE, forced_answer_prompt
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
@@ -354,7 +354,7 @@ def test_multi_query_search_batches_all_queries_in_one_call(tiny):
         assert t.actions[0]["dropped"] == [f"{_hops(rows[t.prompt_index])[0][0]} educated", "extra"]
         assert "Query 1: " in t.response_text and "Query 2: " in t.response_text
         assert "Note: at most 2 queries per turn; not searched: " in t.response_text
-        assert format_reward(t.response_text, "multi_query_search") == 1.0
+        assert format_reward(t.response_text, "search") == 1.0
     assert "up to 2 queries" in tiny.tok.decode(engine.prompt_ids("q?"))
 
 
@@ -641,12 +641,3 @@ def test_openai_retokenize_fallback_and_unreachable_server(vllm, tiny):
     dead = OpenAICompletionsGenerator(f"http://127.0.0.1:{port}", "policy", backoff_s=0, max_retries=1, timeout_s=2)
     with pytest.raises(GenerationBackendError, match="after 2 attempts.*Connect"):
         dead.generate([[1]], 4)
-
-
-def test_make_environment():
-    r = FakeRetriever([{"id": "1", "title": "t", "text": "x"}])
-    assert isinstance(make_environment("search", r), SearchEnvironment)
-    multi = make_environment("multi_query_search", r, max_queries=4)
-    assert multi.spec.multi_query and multi.spec.max_queries == 4
-    with pytest.raises(ValueError, match="unknown environment"):
-        make_environment("browse", r)

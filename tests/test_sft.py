@@ -25,7 +25,7 @@ import transformers
 
 from replay import SegmentGenerator
 
-from ragrl.agent.environments import make_environment
+from ragrl.agent.environments import MultiQuerySearchEnvironment, SearchEnvironment
 from ragrl.agent.generation import OpenAICompletionsGenerator
 from ragrl.agent.retriever_adapter import AgentRetriever
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
@@ -39,9 +39,9 @@ from ragrl.train.sft_data import (
     SFT_SCHEMA,
     gold_sft_stage,
     gold_trajectories,
-    plan_row,
     teacher_trajectories,
 )
+from ragrl.toy.gold import WorldPlanner, plan_row
 
 SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
 # Room for two queries' worth of passages in one multi-query observation.
@@ -65,7 +65,9 @@ def tiny(tmp_path_factory):
 
 
 def _engine(tiny, env_name="search", generator=None, cfg=CFG, retriever=None):
-    env = make_environment(env_name, retriever or tiny.retriever, topk=3, max_queries=3)
+    retriever = retriever or tiny.retriever
+    env = (MultiQuerySearchEnvironment(retriever, 3, 3) if env_name == "multi_query_search"
+           else SearchEnvironment(retriever, 3))
     return RolloutEngine(generator, tiny.tok, env, cfg)
 
 
@@ -73,8 +75,9 @@ def _engine(tiny, env_name="search", generator=None, cfg=CFG, retriever=None):
 def gold_parquet(tiny):
     # The stage entry point, with the searcher itself (it returns `Hit`s, adapted inside).
     path = tiny.root / "gold.parquet"
-    gold_sft_stage(tiny.root / "world" / "qa" / "train.parquet", tiny.model_dir, "search",
-                   load_searcher(bm25_dir=tiny.root / "bm25"), path, rollout_cfg=CFG, limit=24)
+    env = SearchEnvironment(AgentRetriever(load_searcher(bm25_dir=tiny.root / "bm25")), 3)
+    gold_sft_stage(tiny.root / "world" / "qa" / "train.parquet", tiny.model_dir, env, WorldPlanner(), path,
+                   rollout_cfg=CFG, limit=24)
     return path
 
 
@@ -104,7 +107,7 @@ def test_gold_plan_follows_the_hops(tiny):
 @pytest.mark.parametrize("env_name", ["search", "multi_query_search"])
 def test_gold_tokens_and_masks_equal_the_rollout_engine(tiny, env_name):
     rows = tiny.rows[:30]
-    gold, stats = gold_trajectories(rows, _engine(tiny, env_name))
+    gold, stats = gold_trajectories(rows, _engine(tiny, env_name), WorldPlanner())
     assert stats.total == 30 and stats.kept == len(gold) == 30 - sum(stats.dropped.values())
     assert stats.kept_share >= 0.9, stats.to_dict()
     kept = {g["id"] for g in gold}
@@ -141,12 +144,12 @@ def test_gold_drops_rows_whose_evidence_was_not_retrieved(tiny):
             return [hits for _ in queries]
 
     engine = _engine(tiny, retriever=Distractors(tiny.world.passages))
-    rows, stats = gold_trajectories(tiny.rows[:10], engine)
+    rows, stats = gold_trajectories(tiny.rows[:10], engine, WorldPlanner())
     assert rows == [] and stats.dropped == {"support_not_retrieved": 10}
-    rows, stats = gold_trajectories(tiny.rows[:10], engine, require_support=False)
+    rows, stats = gold_trajectories(tiny.rows[:10], engine, WorldPlanner(), require_support=False)
     assert len(rows) == 10 and stats.kept_share == 1.0
     tight = _engine(tiny, cfg=RolloutConfig(max_turns=2, max_obs_tokens=1024, max_response_tokens=4096))
-    _, stats = gold_trajectories(tiny.rows[:30], tight)
+    _, stats = gold_trajectories(tiny.rows[:30], tight, WorldPlanner())
     two_hop = sum(len(json.loads(r["metadata"])["hops"]) >= 2 for r in tiny.rows[:30])
     assert stats.dropped["too_many_turns"] == two_hop > 0  # two searches + answer need max_turns >= 3
 

@@ -125,7 +125,7 @@ def test_workflow_runs_end_to_end(tmp_path):
     steps = con.execute("select run_id, count(*) from train_log group by run_id order by run_id").fetchall()
     assert steps == [("kg_r1_rl", 2), ("search_r1_rl", 2)]
     # The KG agent's log carries KG-R1's reward parts (turn rewards feed the turn-level advantage).
-    assert con.execute("select count(turn_reward_mean) from train_log where run_id = 'kg_r1_rl'").fetchone()[0] == 2
+    assert con.execute("select count(reward_turn_mean) from train_log where run_id = 'kg_r1_rl'").fetchone()[0] == 2
     assert con.execute("select count(*) from predictions").fetchone()[0] == 4 * len(expected)
     assert con.execute("select count(*) from jobs where rule = 'rl'").fetchone()[0] == 2
     table = (tmp_path / "results/tables/toy_em.md").read_text()

@@ -164,38 +164,25 @@ def _recipe(args: argparse.Namespace):
     return parse_recipe(args.recipe, args.recipe_name)
 
 
-def _agent_retriever(args: argparse.Namespace, recipe):
-    """What the recipe's environment queries: a passage retriever, a KG, or nothing."""
-    if recipe.env == "kg":
-        from ragrl.stages.kg_agent import load_kg_backend
+def _backends(args: argparse.Namespace) -> dict:
+    """What the recipe's environment reads, from the flags the rule passed (ragrl.stages.agent)."""
+    from ragrl.stages.agent import load_backends
 
-        return load_kg_backend(args.kg, args.kg_mode, args.kg_url)
-    from ragrl.stages.search_agent import load_retriever
-
-    return load_retriever(args.index, args.bm25, args.mode)
-
-
-def _agent_stages(recipe):
-    # The KG agent has its own stages (gold KG paths, KG-R1 turn rewards); search and RAG share one.
-    if recipe.env == "kg":
-        from ragrl.stages import kg_agent
-
-        return kg_agent
-    from ragrl.stages import search_agent
-
-    return search_agent
+    return load_backends(index=args.index, bm25=args.bm25, mode=args.mode, kg=args.kg, kg_mode=args.kg_mode,
+                         kg_url=args.kg_url)
 
 
 def _cmd_sft_data(args: argparse.Namespace) -> None:
+    from ragrl.stages import agent
+
     recipe = _recipe(args)
-    _agent_stages(recipe).sft_data(recipe, args.qa, args.policy, _agent_retriever(args, recipe), args.out,
-                                   limit=args.limit or None)
+    agent.sft_data(recipe, args.qa, args.policy, _backends(args), args.out, limit=args.limit or None)
 
 
 def _cmd_sft(args: argparse.Namespace) -> None:
-    from ragrl.stages.search_agent import sft
+    from ragrl.stages import agent
 
-    print(f"SFT model written to {sft(_recipe(args), args.data, args.policy, args.out)}")
+    print(f"SFT model written to {agent.sft(_recipe(args), args.data, args.policy, args.out)}")
 
 
 def _cmd_merge(args: argparse.Namespace) -> None:
@@ -205,23 +192,25 @@ def _cmd_merge(args: argparse.Namespace) -> None:
 
 
 def _cmd_rl(args: argparse.Namespace) -> None:
-    recipe = _recipe(args)
-    if recipe.rl.get("backend") == "verl":  # multi-GPU RL on Ray, same outputs (docs/VERL.md)
-        from ragrl.train.verl.launch import run_verl
+    from ragrl.stages import agent
 
-        final = run_verl(recipe, args.qa, args.policy, args.out, index=args.index, bm25=args.bm25, mode=args.mode,
-                         limit=args.limit or None, log_out=args.log_out)
-    else:
-        final = _agent_stages(recipe).rl(recipe, args.qa, args.policy, _agent_retriever(args, recipe), args.out,
-                                         limit=args.limit or None, log_out=args.log_out)
+    recipe = _recipe(args)
+    # verl queries the retriever over HTTP from its own processes: it gets the index flags, not a
+    # loaded searcher.
+    verl = recipe.rl.get("backend") == "verl"
+    final = agent.rl(recipe, args.qa, args.policy, {} if verl else _backends(args), args.out,
+                     limit=args.limit or None, log_out=args.log_out,
+                     flags={"index": args.index, "bm25": args.bm25, "mode": args.mode})
     print(f"RL policy written to {final}")
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
+    from ragrl.stages import agent
+
     recipe = _recipe(args)
-    metrics = _agent_stages(recipe).evaluate(recipe, args.model, args.qa, _agent_retriever(args, recipe), args.out,
-                                             run_id=args.run_id, dataset=args.dataset,
-                                             max_questions=args.max_questions or None, batch_size=args.batch_size)
+    metrics = agent.evaluate(recipe, args.model, args.qa, _backends(args), args.out, run_id=args.run_id,
+                             dataset=args.dataset, max_questions=args.max_questions or None,
+                             batch_size=args.batch_size)
     print(f"{args.run_id} on {args.dataset}: {metrics['metrics']}")
 
 
@@ -275,7 +264,7 @@ def _recipe_args(p: argparse.ArgumentParser, retriever: bool = True) -> None:
     p.add_argument("--recipe-name", default="recipe", help="its name in config, used in error messages")
     if retriever:
         _searcher_args(p)
-        # Recipes with env "kg" (KG-R1) query a KG instead of a passage index.
+        # Methods whose environment queries a KG (input kind "kg") get it here.
         p.add_argument("--kg", type=Path, help="KG dir for env kg (triples parquet dir or simple KGQA format)")
         p.add_argument("--kg-mode", choices=["whole", "subgraph"], default="whole")
         p.add_argument("--kg-url", help="a running `ragrl serve-kg` instead of an in-process KG")
@@ -363,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=_cmd_retrieval_service_check)
 
-    p = sub.add_parser("sft-data", help="cold-start SFT data: gold trajectories through the real environment")
+    p = sub.add_parser("sft-data", help="cold-start SFT data: gold, teacher or imported trajectories (sft.source)")
     _recipe_args(p)
     p.add_argument("--qa", type=Path, required=True)
     p.add_argument("--policy", type=Path, required=True, help="model dir whose tokenizer and template are used")
@@ -499,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     print("$ ragrl " + " ".join(shlex.quote(a) for a in argv), file=echo, flush=True)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ImportError) as exc:
         # Expected, user-facing failures (bad input, bad config): one clear line, no traceback.
         print(f"ragrl {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -79,3 +79,8 @@ def write_json(obj: Any, path: str | os.PathLike) -> None:
 def write_text(text: str, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def canonical_json(obj: Any) -> str:
+    """One spelling per value (sorted keys, no spaces): what config hashes and fingerprints hash."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)

@@ -2,7 +2,11 @@
 
 Rules pass a recipe to the CLI as one JSON object (`--recipe '{...}'`): Snakemake re-runs a job
 when its params change, so editing one recipe re-executes only that recipe's jobs, and the log
-holds the whole command. Every value is checked here, with the config key named.
+holds the whole command. Every key of every section is checked here, against the dataclass or the
+method it feeds, with the config key named; `rules/common.smk` runs the same check on every recipe
+before any job starts, so a typo fails `snakemake -n`, not a job hours into a run.
+
+Standard library only (the workflow imports this to plan the DAG).
 """
 
 from __future__ import annotations
@@ -12,14 +16,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragrl.agent.rollout import RolloutConfig
+from ragrl.methods import Method, get_method
+from ragrl.settings import RLConfig, RolloutConfig, SFTArgs
 
-ENVIRONMENTS = ("search", "multi_query_search", "kg", "none")
-# Reward components a recipe may weigh, per environment. Search: answer metrics and format
-# (ragrl.rewards.qa). KG (KG-R1, ragrl.rewards.kg): global entity-F1 / Hits@1 / retrieval hit /
-# format, plus per-turn format / query / answer rewards under `turn_reward`.
-REWARD_KEYS = {"search": ("em", "f1", "cover_em", "format"), "kg": ("f1", "hits1", "retrieval", "format")}
-TURN_REWARD_KEYS = ("format", "query", "answer")
+# Recipe keys outside the typed sections (the schema lists the same: tests/test_recipe.py).
+TOP_KEYS = ("env", "plugin", "retriever", "train_dataset", "eval_datasets", "topk", "max_queries", "seed",
+            "rollout", "sft", "rl", "reward", "turn_reward", "options")
+# Keys of `sft` and `rl` that choose a route rather than a trainer setting.
+SFT_EXTRA_KEYS = ("enabled", "limit", "source", "teacher", "import")
+RL_EXTRA_KEYS = ("limit", "backend", "verl")
+TEACHER_KEYS = {"base_url": str, "model": str, "api_key_env": str, "n": int, "max_per_question": int,
+                "batch_size": int}
+IMPORT_KEYS = {"path": str, "format": str}
+IMPORT_FORMATS = ("chat_json", "sft_parquet")
 
 
 @dataclass(frozen=True)
@@ -32,8 +41,29 @@ class Recipe:
     sft: dict = field(default_factory=dict)
     rl: dict = field(default_factory=dict)
     reward: dict = field(default_factory=lambda: {"em": 1.0})
-    turn_reward: dict = field(default_factory=dict)  # KG-R1 per-turn reward weights (env kg only)
+    turn_reward: dict = field(default_factory=dict)  # per-turn reward weights (methods that have them)
     seed: int = 0
+    plugin: str | None = None
+    options: Any = None  # the method's options dataclass, or None
+
+    @property
+    def method(self) -> Method:
+        return get_method(self.env, self.plugin)
+
+    def to_config(self) -> dict:
+        """The recipe as config writes it: `parse_recipe(recipe.to_config())` gives it back."""
+        out = {"env": self.env, "topk": self.topk, "max_queries": self.max_queries, "seed": self.seed,
+               "rollout": dataclasses.asdict(self.rollout), "sft": dict(self.sft), "rl": dict(self.rl),
+               "reward": dict(self.reward), "turn_reward": dict(self.turn_reward)}
+        if self.plugin:
+            out["plugin"] = self.plugin
+        if self.options is not None:
+            out["options"] = dataclasses.asdict(self.options)
+        return out
+
+    @property
+    def sft_source(self) -> str:
+        return self.sft.get("source") or ("gold" if self.method.gold_sft else "teacher")
 
 
 def _build(cls, values: dict, key: str):
@@ -47,54 +77,123 @@ def _build(cls, values: dict, key: str):
         raise ValueError(f"config key '{key}': {exc}") from None
 
 
+def _section(data: dict, name: str, key: str) -> dict:
+    value = data.get(name) or {}
+    if not isinstance(value, dict):
+        raise ValueError(f"config key '{key}.{name}': expected a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
 def parse_recipe(raw: str | dict, name: str = "recipe") -> Recipe:
+    """The recipe, every section checked (rollout, sft, rl, reward, turn_reward, options)."""
     data = json.loads(raw) if isinstance(raw, str) else dict(raw)
     key = f"recipes.{name}"
-    env = data.get("env", "search")
-    if env not in ENVIRONMENTS:
-        raise ValueError(f"config key '{key}.env': {env!r} is not one of {ENVIRONMENTS}")
-    rollout = _build(RolloutConfig, dict(data.get("rollout", {})), f"{key}.rollout")
-    known_rewards = REWARD_KEYS["kg" if env == "kg" else "search"]
-    reward = _weights(data.get("reward", {"f1": 0.3, "retrieval": 0.4} if env == "kg" else {"em": 1.0}),
-                      known_rewards, f"{key}.reward", nonempty=True)
-    turn_reward = _weights(data.get("turn_reward", {}), TURN_REWARD_KEYS, f"{key}.turn_reward")
-    if turn_reward and env != "kg":
-        raise ValueError(f"config key '{key}.turn_reward': per-turn rewards need env 'kg', not {env!r}")
-    return Recipe(
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(TOP_KEYS)}")
+    env, plugin = data.get("env", "search"), data.get("plugin")
+    try:
+        method = get_method(env, plugin)
+    except (ValueError, ImportError, FileNotFoundError) as exc:
+        raise ValueError(f"config key '{key}.env': {exc}") from None
+    rollout = _build(RolloutConfig, _section(data, "rollout", key), f"{key}.rollout")
+    reward = _weights(_section(data, "reward", key) or dict(method.default_reward), method.reward_keys,
+                      f"{key}.reward", nonempty=True)
+    turn_reward = _weights(_section(data, "turn_reward", key), method.turn_reward_keys, f"{key}.turn_reward")
+    options_raw = _section(data, "options", key)
+    if method.options is None and options_raw:
+        raise ValueError(f"config key '{key}.options': method {env!r} takes no options, got {sorted(options_raw)}")
+    options = _build(method.options, options_raw, f"{key}.options") if method.options is not None else None
+    recipe = Recipe(
         name=name, env=env, topk=int(data.get("topk", 3)), max_queries=int(data.get("max_queries", 1)),
-        rollout=rollout, sft=dict(data.get("sft", {})), rl=dict(data.get("rl", {})), reward=reward,
-        turn_reward=turn_reward, seed=int(data.get("seed", 0)),
+        rollout=rollout, sft=_section(data, "sft", key), rl=_section(data, "rl", key), reward=reward,
+        turn_reward=turn_reward, seed=int(data.get("seed", 0)), plugin=plugin, options=options,
     )
+    sft_args(recipe)
+    rl_config(recipe)
+    _check_sft_route(recipe)
+    _check_rl_route(recipe)
+    return recipe
 
 
 def _weights(raw: dict, known: tuple[str, ...], key: str, nonempty: bool = False) -> dict[str, float]:
-    weights = {str(k): float(v) for k, v in dict(raw).items()}
+    try:
+        weights = {str(k): float(v) for k, v in dict(raw).items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"config key '{key}': weights must be numbers, got {raw}") from None
     if (nonempty and not weights) or set(weights) - set(known):
         what = "a non-empty subset" if nonempty else "a subset"
         raise ValueError(f"config key '{key}': weights must be {what} of {sorted(known)}, got {sorted(weights)}")
     return weights
 
 
-def sft_args(recipe: Recipe):
-    from ragrl.train.sft import SFTArgs
-
-    values = {k: v for k, v in recipe.sft.items() if k not in ("enabled", "limit", "max_hops")}
+def sft_args(recipe: Recipe) -> SFTArgs:
+    values = {k: v for k, v in recipe.sft.items() if k not in SFT_EXTRA_KEYS}
     values.setdefault("seed", recipe.seed)
     if "lora_target_modules" in values:
         values["lora_target_modules"] = tuple(values["lora_target_modules"])
     return _build(SFTArgs, values, f"recipes.{recipe.name}.sft")
 
 
-def rl_config(recipe: Recipe):
-    from ragrl.train.rl import RLConfig
-
+def rl_config(recipe: Recipe) -> RLConfig:
     # backend (local | verl) and verl (extra verl overrides) choose the trainer, not its settings.
-    values = {k: v for k, v in recipe.rl.items() if k not in ("limit", "backend", "verl")}
+    values = {k: v for k, v in recipe.rl.items() if k not in RL_EXTRA_KEYS}
     values.setdefault("seed", recipe.seed)
     # The trainer scores log-probs of softmax(logits / T): it must be the rollout's temperature.
     values.setdefault("temperature", recipe.rollout.temperature)
     return _build(RLConfig, values, f"recipes.{recipe.name}.rl")
 
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+def _check_sft_route(recipe: Recipe) -> None:
+    key = f"recipes.{recipe.name}.sft"
+    sft, method = recipe.sft, recipe.method
+    if sft.get("enabled", True) is False:
+        return
+    source = recipe.sft_source
+    if source not in method.sft_sources:
+        raise ValueError(f"config key '{key}.source': {source!r} is not one of {list(method.sft_sources)} "
+                         f"(method {method.name!r})")
+    if source == "teacher":
+        teacher = _typed(sft.get("teacher"), TEACHER_KEYS, f"{key}.teacher")
+        missing = [k for k in ("base_url", "model") if k not in teacher]
+        if missing:
+            raise ValueError(f"config key '{key}.teacher': teacher trajectories need {missing} (an OpenAI-compatible "
+                             "endpoint serving a model with the policy's tokenizer), or set sft.source / "
+                             "sft.enabled: false")
+    if source == "import":
+        spec = _typed(sft.get("import"), IMPORT_KEYS, f"{key}.import")
+        if "path" not in spec:
+            raise ValueError(f"config key '{key}.import.path': the SFT file to import is required")
+        if spec.get("format", "chat_json") not in IMPORT_FORMATS:
+            raise ValueError(f"config key '{key}.import.format': {spec['format']!r} is not one of {IMPORT_FORMATS}")
+
+
+def _check_rl_route(recipe: Recipe) -> None:
+    backend = recipe.rl.get("backend", "local")
+    if backend not in recipe.method.rl_backends:
+        raise ValueError(f"config key 'recipes.{recipe.name}.rl.backend': {backend!r} is not supported by method "
+                         f"{recipe.env!r} (supported: {list(recipe.method.rl_backends)})")
+    verl = recipe.rl.get("verl", {})
+    if not isinstance(verl, dict):
+        raise ValueError(f"config key 'recipes.{recipe.name}.rl.verl': expected a mapping of verl overrides")
+
+
+def _typed(raw, spec: dict[str, type], key: str) -> dict:
+    value = raw or {}
+    if not isinstance(value, dict):
+        raise ValueError(f"config key '{key}': expected a mapping, got {type(value).__name__}")
+    for k, v in value.items():
+        if k not in spec:
+            raise ValueError(f"config key '{key}.{k}': unknown setting; known: {sorted(spec)}")
+        if not isinstance(v, spec[k]) or isinstance(v, bool):
+            raise ValueError(f"config key '{key}.{k}': expected {spec[k].__name__}, got {v!r}")
+    return value
+
+
+def stage_keys() -> dict[str, tuple[str, ...]]:
+    """Every key each recipe section accepts (the schema documents the same; a test compares)."""
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    return {"rollout": names(RolloutConfig), "sft": names(SFTArgs) + SFT_EXTRA_KEYS,
+            "rl": names(RLConfig) + RL_EXTRA_KEYS}

@@ -137,17 +137,22 @@ class MultiQuerySearchEnvironment(SearchEnvironment):
         return dropped_note(action.dropped, self.max_queries) + format_multi_docs(action.queries, hits, reserved)
 
 
-ENVIRONMENTS = {"search": SearchEnvironment, "multi_query_search": MultiQuerySearchEnvironment}
+class ClosedBookEnvironment:
+    """Only <answer>: the no-retrieval baseline. Any other action is invalid (and not executed)."""
 
+    name = "none"
 
-def make_environment(name: str, retriever: Retriever, *, topk: int = 3, max_queries: int = 3,
-                     separators: Sequence[str] = DEFAULT_QUERY_SEPARATORS) -> SearchEnvironment:
-    """The environment named in config (`search` or `multi_query_search`)."""
-    if name == "search":
-        return SearchEnvironment(retriever, topk)
-    if name == "multi_query_search":
-        return MultiQuerySearchEnvironment(retriever, topk, max_queries, separators)
-    raise ValueError(f"unknown environment '{name}'; expected one of {sorted(ENVIRONMENTS)}")
+    def __init__(self) -> None:
+        self.spec = ActionSpec(actions=("answer",))
+        self.last_search_s = 0.0
+
+    def parse(self, text: str) -> Action:
+        return parse_action(text, self.spec)
+
+    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = (),
+                sample_ids: Sequence[str | None] | None = None) -> list[str | None]:
+        return [None if a.kind == "answer" else
+                invalid_message(a.error or f"<{a.kind}> is not available here.", self.spec) for a in actions]
 
 
 def _checked(results, queries: list[str], topk: int) -> list[list[dict]]:

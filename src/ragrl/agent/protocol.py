@@ -80,6 +80,11 @@ class ActionSpec:
         if not self.multi_query and self.max_queries != 1:
             raise ValueError("max_queries > 1 needs multi_query=True")
 
+    @property
+    def tools(self) -> tuple[str, ...]:
+        """The tool actions (everything but <answer>): what a well-formed non-final turn may call."""
+        return tuple(a for a in self.actions if a != "answer")
+
 
 SEARCH_SPEC = ActionSpec()
 

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from ragrl.agent.environments import Environment
+from ragrl.settings import RolloutConfig  # noqa: F401  (re-exported)
 from ragrl.agent.generation import Generator, cut_at_stop, cut_at_strings
 from ragrl.agent.protocol import (
     ANSWER_OPEN,
@@ -52,31 +53,6 @@ from ragrl.agent.protocol import (
     observation,
 )
 
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    max_turns: int = 4  # tool turns; one forced answer turn may follow
-    max_turn_tokens: int = 512
-    max_response_tokens: int = 2048
-    max_context_tokens: int = 8192
-    max_obs_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1  # samples per prompt (a GRPO group)
-    seed: int | None = 0
-    forced_answer_prefill: bool = True
-    # Prompt text with {question} (and {max_queries}) placeholders; None: the Search-R1 style
-    # default of the environment (protocol.DEFAULT_INSTRUCTION / DEFAULT_MULTI_QUERY_INSTRUCTION).
-    instruction: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_turn_tokens", "max_response_tokens", "max_context_tokens", "max_obs_tokens", "n"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
-        if self.max_turns < 0:
-            raise ValueError(f"rollout.max_turns={self.max_turns} must be >= 0")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"rollout temperature={self.temperature} must be >= 0 and top_p={self.top_p} in (0, 1]")
 
 
 @dataclass

@@ -6,21 +6,17 @@ Outputs (both written atomically, in `out_dir`):
   prediction (the final answer, "" when there is none), turns (assistant turns), searches
   (executed search actions), queries list<string> (executed queries, in order),
   generated_tokens, observation_tokens, latency_s, em, f1, cover_em, format, stop_reason,
-  response (the decoded response, for error analysis); with the KG environment also hits1,
-  entity_f1 and retrieval_hit (KG-R1's metrics over answer entities).
+  response (the decoded response, for error analysis); plus the method's own metric columns
+  (`extra_metrics`, e.g. KG-R1's hits1, entity_f1 and retrieval_hit over answer entities).
 * `metrics.json`: {"run_id", "dataset", "n", "metrics": {em, f1, cover_em, format, turns,
-  searches[, hits1, entity_f1, retrieval_hit]}}, each metric the mean of its prediction column
-  (null when n = 0).
+  searches, <extra columns>}}, each metric the mean of its prediction column (null when n = 0).
 
 Decoding is greedy by default: `temperature=0.0` overrides the rollout config's (pass
 `temperature=None` to sample with the config's own); one sample per question whatever
 `rollout_cfg.n` says.
 
-No-retrieval baseline (`env_name="none"`): the prompt asks for a direct answer (think, then
-<answer>, no mention of search), and the run uses `max_turns=0`, so the first turn is the
-engine's final answer turn: a model that answers is scored; a search there is not executed
-(the trajectory ends unanswered, as any search after the turn limit). Its format is scored as a
-one-turn "search"-environment response: `<think>…</think><answer>…</answer>`.
+The environment is given ready-made (a method builds it: `ragrl.methods`); the format reward
+checks each turn against that environment's own tool actions.
 """
 
 from __future__ import annotations
@@ -29,27 +25,17 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragrl.agent.protocol import ActionSpec, Action, invalid_message, parse_action
 from ragrl.io import write_json, write_parquet
 from ragrl.rewards.qa import cover_exact_match, exact_match, f1, format_reward
 
-NO_RETRIEVAL = "none"
 METRIC_COLUMNS = ("em", "f1", "cover_em", "format", "turns", "searches")
-# KG question answering adds KG-R1's entity metrics: Hits@1, F1 over answer entities (a name and
-# its KB id count once) and whether a gold answer appeared in any observation.
-KG_METRIC_COLUMNS = ("hits1", "entity_f1", "retrieval_hit")
-
-NO_SEARCH_INSTRUCTION = (
-    "Answer the given question. Reason step by step inside <think> and </think>, then give the "
-    "final answer inside <answer> and </answer>, without explanation, for example "
-    "<answer> Beijing </answer>. Question: {question}\n"
-)
 
 PREDICTION_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -71,35 +57,17 @@ PREDICTION_SCHEMA = pa.schema([
 ])
 
 
-class NoRetrievalEnvironment:
-    """An environment with only <answer>: the closed-book baseline. Any other action is invalid."""
+def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir: str | Path, *, run_id: str,
+             dataset: str, rollout_cfg=None, batch_size: int = 32, max_questions: int | None = None,
+             temperature: float | None = 0.0, device: str = "cpu", dtype: str = "auto", generator=None,
+             tokenizer=None, extra_metrics: Callable[[dict, Any], dict] | None = None,
+             extra_columns: Sequence[str] = ()) -> dict:
+    """Roll out the policy in `model_dir` on every question of `qa_parquet` in environment `env`;
+    write predictions and metrics.
 
-    name = NO_RETRIEVAL
-
-    def __init__(self) -> None:
-        self.spec = ActionSpec(actions=("answer",))
-        self.last_search_s = 0.0
-
-    def parse(self, text: str) -> Action:
-        return parse_action(text, self.spec)
-
-    def respond(self, actions: Sequence[Action], reserved: Iterable[str] = (),
-                sample_ids: Sequence[str | None] | None = None) -> list[str | None]:
-        return [None if a.kind == "answer" else
-                invalid_message(a.error or f"<{a.kind}> is not available here.", self.spec) for a in actions]
-
-
-def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env_name: str, retriever, out_dir: str | Path, *,
-             run_id: str, dataset: str, rollout_cfg=None, batch_size: int = 32, max_questions: int | None = None,
-             topk: int = 3, max_queries: int = 3, temperature: float | None = 0.0, device: str = "cpu",
-             dtype: str = "auto", generator=None, tokenizer=None, env=None) -> dict:
-    """Roll out the policy in `model_dir` on every question of `qa_parquet`; write predictions and metrics.
-
-    `retriever`: anything with `search(queries, topk)` returning hits as mappings or `Hit`s (an
-    in-process `Searcher`, a `RetrievalClient`), or None with `env_name="none"`. `generator` and
-    `tokenizer` replace the HF model loaded from `model_dir` (a vLLM server, a scripted policy).
-    `env`: a ready environment (e.g. a `KGEnvironment`) instead of one built from `env_name` and
-    `retriever`. Returns the metrics.json object.
+    `generator` and `tokenizer` replace the HF model loaded from `model_dir` (a vLLM server, a
+    scripted policy). `extra_metrics(row, trajectory)` adds the columns `extra_columns` to each
+    prediction (and their means to metrics.json). Returns the metrics.json object.
     """
     from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 
@@ -108,18 +76,14 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env_name: str
     cfg = rollout_cfg if rollout_cfg is not None else RolloutConfig()
     if temperature is not None:
         cfg = dataclasses.replace(cfg, temperature=temperature)
-    if env is None:
-        env, cfg = _environment(env_name, retriever, cfg, topk, max_queries)
     generator, tokenizer = _policy(model_dir, generator, tokenizer, device, dtype)
     engine = RolloutEngine(generator, tokenizer, env, cfg)
 
     rows = _read_questions(qa_parquet, max_questions)
-    predictions = run_predictions(engine, rows, batch_size, desc=f"eval {run_id}/{dataset}")
-    metrics = summarize(predictions, run_id, dataset)
+    predictions = run_predictions(engine, rows, batch_size, desc=f"eval {run_id}/{dataset}", extra_metrics=extra_metrics)
+    metrics = summarize(predictions, run_id, dataset, extra_columns)
     out_dir = Path(out_dir)
-    schema = PREDICTION_SCHEMA
-    if engine.env.name == "kg":
-        schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in KG_METRIC_COLUMNS)])
+    schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in extra_columns)])
     write_parquet(pa.Table.from_pylist(predictions, schema=schema), out_dir / "predictions.parquet")
     write_json(metrics, out_dir / "metrics.json")
     shown = " ".join(f"{k}={v:.4f}" if v is not None else f"{k}=null" for k, v in metrics["metrics"].items())
@@ -127,33 +91,24 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env_name: str
     return metrics
 
 
-def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "eval") -> list[dict]:
+def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "eval",
+                    extra_metrics: Callable[[dict, Any], dict] | None = None) -> list[dict]:
     """One prediction record per row, in row order; batches of `batch_size` questions per rollout."""
     from ragrl.progress import progress
 
-    format_env = "search" if engine.env.name == NO_RETRIEVAL else engine.env.name
     out: list[dict] = []
     batches = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
     for batch in progress(batches, desc=desc, unit="batch"):
         trajs = engine.run_questions([r["question"] for r in batch], n=1, sample_ids=[str(r["id"]) for r in batch])
         for row, t in zip(batch, trajs, strict=True):
-            record = prediction_record(row, t, format_env)
-            if engine.env.name == "kg":
-                record.update(kg_metrics(row, t))
+            record = prediction_record(row, t, engine.env.spec.tools)
+            if extra_metrics is not None:
+                record.update(extra_metrics(row, t))
             out.append(record)
     return out
 
 
-def kg_metrics(row: dict, t) -> dict[str, float]:
-    from ragrl.data.qa import row_golds
-    from ragrl.rewards.kg import entity_f1, hits_at_1, observations, retrieval_hit
-
-    golds = row_golds(row)
-    return {"hits1": hits_at_1(t.answer, golds), "entity_f1": entity_f1(t.answer, golds),
-            "retrieval_hit": retrieval_hit(observations(t.response_text), golds)}
-
-
-def prediction_record(row: dict, t, format_env: str) -> dict:
+def prediction_record(row: dict, t, tools: Sequence[str]) -> dict:
     golds = [str(g) for g in row["golden_answers"]]
     # Executed tool calls of any environment: search queries, or KG function calls.
     queries = [q for a in t.actions if a["type"] not in ("answer", "invalid") and a["valid"]
@@ -173,29 +128,17 @@ def prediction_record(row: dict, t, format_env: str) -> dict:
         "em": exact_match(t.answer, golds),
         "f1": f1(t.answer, golds),
         "cover_em": cover_exact_match(t.answer, golds),
-        "format": format_reward(t.response_text, format_env),
+        "format": format_reward(t.response_text, tools),
         "stop_reason": t.stop_reason,
         "response": t.response_text,
     }
 
 
-def summarize(predictions: Sequence[dict], run_id: str, dataset: str) -> dict:
+def summarize(predictions: Sequence[dict], run_id: str, dataset: str, extra_columns: Sequence[str] = ()) -> dict:
     n = len(predictions)
-    columns = METRIC_COLUMNS + tuple(k for k in KG_METRIC_COLUMNS if predictions and k in predictions[0])
+    columns = METRIC_COLUMNS + tuple(extra_columns)
     means = {k: (math.fsum(float(p[k]) for p in predictions) / n if n else None) for k in columns}
     return {"run_id": run_id, "dataset": dataset, "n": n, "metrics": means}
-
-
-def _environment(env_name: str, retriever, cfg, topk: int, max_queries: int):
-    from ragrl.agent.environments import make_environment
-    from ragrl.agent.retriever_adapter import AgentRetriever
-
-    if env_name == NO_RETRIEVAL:
-        instruction = cfg.instruction if cfg.instruction is not None else NO_SEARCH_INSTRUCTION
-        return NoRetrievalEnvironment(), dataclasses.replace(cfg, max_turns=0, instruction=instruction)
-    if retriever is None:
-        raise ValueError(f"environment {env_name!r} needs a retriever (use env_name={NO_RETRIEVAL!r} for no retrieval)")
-    return make_environment(env_name, AgentRetriever(retriever), topk=topk, max_queries=max_queries), cfg
 
 
 def _policy(model_dir, generator, tokenizer, device: str, dtype: str):

@@ -214,7 +214,7 @@ def _skip_polysemous_training(index: faiss.Index) -> bool:
     part = faiss.downcast_index(index)
     was_on = bool(getattr(part, "do_polysemous_training", False))
     if was_on:
-        part.do_polysemous_training = False
+        part.do_polysemous_training = False  # type: ignore[attr-defined]  # a swig attribute of PQ indexes
     # Wrappers: OPQ/PCA pre-transforms hold the PQ index in .index, HNSW-PQ in .storage.
     for attr in ("index", "storage"):
         inner = getattr(part, attr, None)

@@ -1,4 +1,4 @@
-"""KG-R1 rewards and the turn-level advantage: pure functions of strings and numbers.
+"""KG-R1 rewards: pure functions of strings and numbers.
 
 Turn rewards (one per assistant turn, in the rollout engine's turn order):
     format  the turn is <think>…</think> followed by exactly one action tag (the turn after the
@@ -15,18 +15,15 @@ Global rewards (one per response):
     retrieval  a gold answer appears in the results of a successful query (an observation)
     format     the whole response is well formed (`ragrl.rewards.qa.format_reward`, env "kg")
 
-Turn-level advantage (KG-R1): within each group (the samples of one prompt), all turn rewards of
-all its samples are pooled and normalised; global rewards are normalised per group; a token of
-turn t gets  A = w * A_turn[t] + A_global  on loss-mask-1 tokens and 0 elsewhere.
+The turn-level advantage these feed (KG-R1: A = w * A_turn[t] + A_global on loss-mask-1 tokens)
+is the trainer's, in `ragrl.train.advantages`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from ragrl.agent.protocol import (
     ANSWER_CLOSE,
@@ -50,10 +47,8 @@ from ragrl.rewards.qa import extract_answer, format_reward, normalize_answer
 # global exact_match 0.3 — here entity F1 —, retrieval_quality 0.4; turn advantage weight 0.5).
 DEFAULT_TURN_WEIGHTS: dict[str, float] = {"format": 0.15, "query": 0.1, "answer": 0.1}
 DEFAULT_GLOBAL_WEIGHTS: dict[str, float] = {"f1": 0.3, "retrieval": 0.4}
-DEFAULT_TURN_ADVANTAGE_WEIGHT = 0.5
 TURN_KEYS = ("format", "query", "answer")
 GLOBAL_KEYS = ("f1", "hits1", "retrieval", "format")
-EPS = 1e-6
 
 _INFO_BLOCK = re.compile(re.escape(INFO_OPEN) + r"(.*?)" + re.escape(INFO_CLOSE), re.S)
 _ANY_TAG = re.compile("|".join(re.escape(t) for t in PROTOCOL_TAGS))
@@ -252,7 +247,7 @@ def global_reward_components(response_text: str, golds: Sequence[Mapping[str, ob
         "f1": entity_f1(answer, golds),
         "hits1": hits_at_1(answer, golds),
         "retrieval": retrieval_hit(observations(response_text), golds),
-        "format": format_reward(response_text, "kg"),
+        "format": format_reward(response_text, KG_SPEC.tools),
     }
 
 
@@ -289,86 +284,3 @@ def kg_rewards(response_text: str, golds: Sequence[Mapping[str, object] | str],
     gc = global_reward_components(response_text, golds, answer)
     return KGRewards([weighted_sum(c, turn_weights, TURN_KEYS) for c in tc],
                      weighted_sum(gc, global_weights, GLOBAL_KEYS), tc, gc)
-
-
-# --------------------------------------------------------------------------- turn-level advantage
-
-
-def _normalise(values: np.ndarray, scale_by_std: bool, eps: float) -> np.ndarray:
-    # Bessel-corrected std, as verl/KG-R1 (torch.std) and ragrl.train use. A lone value has no
-    # spread and gets 0 (KG-R1 passes a lone reward through unnormalised, rewarding groups of one).
-    if values.size < 2:
-        return np.zeros_like(values)
-    centred = values - values.mean()
-    return centred / (values.std(ddof=1) + eps) if scale_by_std else centred
-
-
-def group_normalise(values: Sequence[float], group_ids: Sequence[Hashable], scale_by_std: bool = True,
-                    eps: float = EPS) -> np.ndarray:
-    """(r - mean_group) / (std_group + eps) per sample."""
-    values = np.asarray(values, dtype=np.float64)
-    if len(group_ids) != values.size:
-        raise ValueError(f"{len(group_ids)} group ids for {values.size} values")
-    out = np.zeros_like(values)
-    for g in dict.fromkeys(group_ids):
-        members = np.array([gi == g for gi in group_ids])
-        out[members] = _normalise(values[members], scale_by_std, eps)
-    return out
-
-
-def turn_group_normalise(turn_rewards: Sequence[Sequence[float]], group_ids: Sequence[Hashable],
-                         scale_by_std: bool = True, eps: float = EPS) -> list[np.ndarray]:
-    """Per sample, its turn rewards normalised by the pooled turn rewards of its group."""
-    if len(group_ids) != len(turn_rewards):
-        raise ValueError(f"{len(group_ids)} group ids for {len(turn_rewards)} samples")
-    out = [np.zeros(len(r), dtype=np.float64) for r in turn_rewards]
-    for g in dict.fromkeys(group_ids):
-        members = [i for i, gi in enumerate(group_ids) if gi == g]
-        pooled = np.array([x for i in members for x in turn_rewards[i]], dtype=np.float64)
-        normalised = _normalise(pooled, scale_by_std, eps)
-        offset = 0
-        for i in members:
-            n = len(turn_rewards[i])
-            out[i] = normalised[offset : offset + n]
-            offset += n
-    return out
-
-
-def turn_level_advantages(
-    turn_rewards: Sequence[Sequence[float]],
-    global_rewards: Sequence[float],
-    group_ids: Sequence[Hashable],
-    turn_index,
-    loss_mask,
-    *,
-    turn_weight: float = DEFAULT_TURN_ADVANTAGE_WEIGHT,
-    scale_by_std: bool = True,
-    eps: float = EPS,
-):
-    """Per-token advantages A[i, k] = (w * A_turn[i][turn_index[i, k]] + A_global[i]) * loss_mask[i, k].
-
-    `turn_rewards[i][t]` is sample i's reward for its turn t; `turn_index`/`loss_mask` are per
-    token (a [B, T] array, or B ragged sequences). A token whose turn has no reward (index < 0
-    or past the sample's list) gets only the global part. Returns a [B, T] float array for 2-D
-    input, else a list of 1-D arrays.
-    """
-    n = len(turn_rewards)
-    for name, seq in (("global_rewards", global_rewards), ("group_ids", group_ids), ("turn_index", turn_index),
-                      ("loss_mask", loss_mask)):
-        if len(seq) != n:
-            raise ValueError(f"{name} has {len(seq)} rows for {n} samples")
-    a_turn = turn_group_normalise(turn_rewards, group_ids, scale_by_std, eps)
-    a_global = group_normalise(global_rewards, group_ids, scale_by_std, eps)
-    rows = []
-    for i in range(n):
-        idx = np.asarray(turn_index[i], dtype=np.int64)
-        mask = np.asarray(loss_mask[i], dtype=np.float64)
-        if idx.shape != mask.shape:
-            raise ValueError(f"sample {i}: turn_index shape {idx.shape} != loss_mask shape {mask.shape}")
-        table = a_turn[i]
-        known = (idx >= 0) & (idx < table.size)
-        per_token = np.zeros(idx.shape, dtype=np.float64)
-        per_token[known] = table[idx[known]]
-        rows.append((turn_weight * per_token + a_global[i]) * mask)
-    two_d = getattr(turn_index, "ndim", None) == 2
-    return np.stack(rows) if two_d and rows else rows

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from ragrl.agent.protocol import (
     ACTION_NAMES,
@@ -28,14 +28,6 @@ _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _INFO_BLOCK = re.compile(re.escape(INFO_OPEN) + r"(.*?)" + re.escape(INFO_CLOSE), re.S)
 _ANY_TAG = re.compile("|".join(re.escape(t) for t in PROTOCOL_TAGS))
-
-# Which actions an environment's assistant turns may end with (the last one must be an answer).
-ENV_ACTIONS: dict[str, tuple[str, ...]] = {
-    "search": ("search", "answer"),
-    "multi_query_search": ("search", "answer"),
-    "kg": ("kg-query", "answer"),
-}
-
 
 def _golds(golds: str | Iterable[str]) -> list[str]:
     return [golds] if isinstance(golds, str) else [g for g in golds if isinstance(g, str)]
@@ -106,22 +98,24 @@ def extract_answer(text: str) -> str | None:
     return text[open_ + len(ANSWER_OPEN) : close].strip()
 
 
-def format_reward(response_text: str, env: str = "search") -> float:
+def format_reward(response_text: str, tools: str | Sequence[str] = ("search",)) -> float:
     """1.0 if the whole response is well formed, else 0.0.
 
     Well formed: the response splits at its <information> blocks into assistant turns; each turn
     is `<think>…</think>` followed by exactly one action with plain-text content (optional
     whitespace around; a tool action's content must not be blank), every turn but the last is a
-    tool action of `env`, and the last is an <answer> (possibly empty: that is for the answer
+    tool action (one of `tools`, the environment's action tags other than answer: "search",
+    "kg-query"; empty for a closed-book answer), and the last is an <answer> (possibly empty: that is for the answer
     metrics to punish). The turn after the turn-limit notice is exempt from the <think>
     requirement, because the environment prefilled its <answer> tag.
 
     Binary on purpose: a graded score (fraction of good turns) pays for padding the response with
     extra well-formed searches.
     """
-    if env not in ENV_ACTIONS:
-        raise ValueError(f"unknown environment '{env}'; expected one of {sorted(ENV_ACTIONS)}")
-    tools = tuple(a for a in ENV_ACTIONS[env] if a != "answer")
+    tools = (tools,) if isinstance(tools, str) else tuple(tools)
+    unknown = [t for t in tools if t not in ACTION_NAMES or t == "answer"]
+    if unknown:
+        raise ValueError(f"unknown tool action(s) {unknown}; expected some of {[a for a in ACTION_NAMES if a != 'answer']}")
     pieces = _INFO_BLOCK.split(response_text)  # [turn, info, turn, info, ..., turn]
     turns, infos = pieces[0::2], pieces[1::2]
     if len(turns) < 1:
@@ -164,7 +158,7 @@ def _turn_kind(turn: str, require_think: bool) -> str | None:
 
 
 def composite_reward(trajectory_or_text, golds: str | Iterable[str], weights: Mapping[str, float],
-                     env: str = "search") -> float:
+                     tools: str | Sequence[str] = ("search",)) -> float:
     """Weighted sum of metrics, e.g. weights={"em": 1.0, "format": 0.1}.
 
     Keys: em, f1, cover_em (of the answer) and format (of the response). The input is a response
@@ -179,7 +173,7 @@ def composite_reward(trajectory_or_text, golds: str | Iterable[str], weights: Ma
     for key, w in weights.items():
         if not w:
             continue
-        score = format_reward(text, env) if key == "format" else METRICS[key](answer, golds)
+        score = format_reward(text, tools) if key == "format" else METRICS[key](answer, golds)
         total += float(w) * score
     return total
 

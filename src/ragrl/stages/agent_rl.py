@@ -1,19 +1,17 @@
-"""What every agent recipe's RL stage shares: group rollouts with the current policy, the
-resumable work directory, and the run of the trainer. The recipes differ only in their
-environment and in how a trajectory is scored (their `make_rollout_fn`)."""
+"""What every agent method's RL stage shares: group rollouts with the current policy, scored by
+the method's reward, the resumable work directory, and the run of the trainer. Methods differ
+only in their environment and their `score` hook (ragrl.methods)."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from ragrl.io import atomic_path
-from ragrl.recipe import Recipe, canonical_json, rl_config
+from ragrl.recipe import Recipe, rl_config
 
 
 def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], group_size: int, model, step: int):
@@ -30,41 +28,48 @@ def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], gr
                                 sample_ids=[str(p["id"]) for p in batch_prompts])
 
 
-def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, make_rollout_fn: Callable, *,
-                limit: int | None = None, log_out: Path | None = None, fingerprint: dict | None = None) -> Path:
-    """RL of `policy` on the questions of `qa`; `make_rollout_fn(tokenizer)` builds the trainer's
-    plug-in. `fingerprint`: anything else the training depends on (e.g. the KG), for the resume check."""
+def make_rollout_fn(recipe: Recipe, tokenizer, env):
+    """The RL trainer's plug-in: a group of rollouts per prompt with the current policy, each
+    scored by the recipe's method (global reward, optional per-turn rewards, logged components)."""
+    from ragrl.train.rl import Sample
+
+    score = recipe.method.score
+
+    def rollout_fn(batch_prompts: list[dict], group_size: int, model, step: int) -> list[Sample]:
+        samples = []
+        for traj in group_rollouts(recipe, tokenizer, env, batch_prompts, group_size, model, step):
+            s = score(recipe, traj, batch_prompts[traj.prompt_index])
+            samples.append(Sample(
+                prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
+                loss_mask=list(traj.loss_mask), turn_index=list(traj.turn_index),
+                reward=float(s.reward), group=traj.prompt_index, turn_rewards=s.turn_rewards,
+                stats={"searches": traj.num_searches, "response_length": len(traj.response_ids),
+                       **{f"reward_{k}": float(v) for k, v in s.components.items()}},
+            ))
+        return samples
+
+    return rollout_fn
+
+
+def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, limit: int | None = None,
+                log_out: Path | None = None, fingerprint: dict | None = None) -> Path:
+    """RL of `policy` on the questions of `qa` in `env`. `fingerprint`: anything else the training
+    depends on (e.g. the KG), for the resume check."""
     from transformers import AutoTokenizer
 
+    from ragrl.train.checkpoint import prepare_work_dir
     from ragrl.train.rl import train_rl
 
-    table = pq.read_table(qa, columns=["id", "question", "golden_answers", "metadata"]).to_pylist()
+    columns = [c for c in ("id", "question", "golden_answers", "metadata") if c in pq.read_schema(qa).names]
+    table = pq.read_table(qa, columns=columns).to_pylist()
     prompts = table[:limit] if limit else table
     prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
                                      "limit": limit, **(fingerprint or {})})
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    final = train_rl(policy, None, prompts, make_rollout_fn(tokenizer), rl_config(recipe), out_dir)
+    final = train_rl(policy, None, prompts, make_rollout_fn(recipe, tokenizer, env), rl_config(recipe), out_dir)
     if log_out is not None:
         # The running log lives next to the checkpoints (it must survive a kill); the declared
         # output is a copy made once training is complete.
         with atomic_path(log_out) as tmp:
             shutil.copyfile(Path(out_dir) / "train_log.jsonl", tmp)
     return final
-
-
-def prepare_work_dir(out_dir: Path, definition: dict) -> None:
-    """Keep checkpoints only if they belong to this exact training; they are what a killed job
-    resumes from, but a job re-run because its settings changed must start over, not resume."""
-    fingerprint = hashlib.sha256(canonical_json(definition).encode()).hexdigest()
-    stamp = out_dir / "definition.sha256"
-    if out_dir.exists() and (not stamp.exists() or stamp.read_text().strip() != fingerprint):
-        print(f"[rl] settings changed since the checkpoints in {out_dir} were written: starting over")
-        shutil.rmtree(out_dir)
-    final = out_dir / "final"
-    if final.exists() and not (final / "model.safetensors").exists():
-        # Snakemake removed the declared output (a forced re-run): rebuild final/ from the last
-        # checkpoint instead of reporting the finished run as done without its weights.
-        shutil.rmtree(final)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(stamp) as tmp:
-        tmp.write_text(fingerprint + "\n")

@@ -10,11 +10,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from ragrl.io import write_json
-
-
-def canonical_json(obj) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+from ragrl.io import canonical_json, write_json
 
 
 def git_commit(cwd: Path | None = None) -> str:

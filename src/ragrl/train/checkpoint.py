@@ -20,6 +20,7 @@ why DeepSpeed's own save_checkpoint (which pickles loss-scaler and enum objects)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ragrl.io import atomic_dir, write_json
+from ragrl.io import atomic_dir, atomic_path, canonical_json, write_json
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -283,3 +284,21 @@ def save_final(
             write_json({**trainer_state, "finished": True}, tmp / TRAINER_STATE)
     accelerator.wait_for_everyone()
     return final
+
+
+def prepare_work_dir(out_dir: Path, definition: dict) -> None:
+    """Keep checkpoints only if they belong to this exact training; they are what a killed job
+    resumes from, but a job re-run because its settings changed must start over, not resume."""
+    fingerprint = hashlib.sha256(canonical_json(definition).encode()).hexdigest()
+    stamp = out_dir / "definition.sha256"
+    if out_dir.exists() and (not stamp.exists() or stamp.read_text().strip() != fingerprint):
+        print(f"[rl] settings changed since the checkpoints in {out_dir} were written: starting over")
+        shutil.rmtree(out_dir)
+    final = out_dir / "final"
+    if final.exists() and not (final / "model.safetensors").exists():
+        # Snakemake removed the declared output (a forced re-run): rebuild final/ from the last
+        # checkpoint instead of reporting the finished run as done without its weights.
+        shutil.rmtree(final)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(stamp) as tmp:
+        tmp.write_text(fingerprint + "\n")

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 
 LossAgg = Literal["token-mean", "grpo", "dr_grpo"]
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "grpo", "dr_grpo")
+from ragrl.settings import LOSS_AGG_MODES
 
 # exp() of a log-ratio beyond this overflows float32 (e^88); a ratio of e^20 is already absurd and
 # would be clipped anyway, so clamping changes no sane update while keeping inf/nan out of gradients.

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ragrl.settings import ALGORITHMS, RLConfig  # noqa: F401  (re-exported)
 from ragrl.train import advantages as adv_lib
 from ragrl.train import checkpoint as ckpt
 from ragrl.train.losses import (
@@ -46,7 +47,6 @@ from ragrl.train.losses import (
 )
 
 LOG_NAME = "train_log.jsonl"
-ALGORITHMS = ("grpo", "ppo_clip")
 
 
 @dataclass
@@ -65,68 +65,6 @@ class Sample:
 
 RolloutFn = Callable[[list[dict], int, Any, int], list[Sample]]
 
-
-@dataclass
-class RLConfig:
-    algorithm: str = "grpo"  # grpo: group-normalised advantages; ppo_clip: batch-normalised (no critic)
-    group_size: int = 4  # samples per prompt
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None  # None = clip_eps; larger = DAPO's clip-higher
-    kl_coef: float = 0.0  # 0 skips the reference model entirely
-    kl_estimator: str = "k3"
-    loss_agg: str = "token-mean"  # token-mean | grpo | dr_grpo
-    scale_rewards: bool = True  # False: do not divide advantages by the std (Dr. GRPO)
-    max_response_len: int | None = None  # dr_grpo's constant normaliser (the generation limit)
-    lr: float = 1e-6
-    warmup_steps: int = 0  # linear LR warm-up, counted in RL steps
-    weight_decay: float = 0.0
-    steps: int = 100
-    batch_prompts: int = 8  # prompts per step over all processes
-    ppo_epochs: int = 1
-    num_mini_batches: int = 1  # optimizer steps per epoch
-    micro_batch_size: int | None = None  # sequences per forward pass (gradient accumulation); None = whole mini-batch
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    turn_advantage_weight: float = 0.0  # w in A = w * A_turn + A_global
-    temperature: float = 1.0  # must equal the rollout's sampling temperature: log-probs are of softmax(logits / T)
-    mixed_precision: str = "no"  # "no" | "bf16" (fills DeepSpeed's "auto" bf16 switch)
-    log_entropy: bool = True  # costs one [B, T, V] softmax per micro-batch in the no-grad pass
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.algorithm not in ALGORITHMS:
-            problems.append(f"algorithm {self.algorithm!r} not in {ALGORITHMS}")
-        if self.kl_estimator != "k3":
-            problems.append(f"kl_estimator {self.kl_estimator!r}: only 'k3' is implemented")
-        if self.loss_agg not in LOSS_AGG_MODES:
-            problems.append(f"loss_agg {self.loss_agg!r} not in {LOSS_AGG_MODES}")
-        if self.mixed_precision not in ("no", "bf16"):
-            problems.append(f"mixed_precision {self.mixed_precision!r} not in ('no', 'bf16')")
-        positive = ("group_size", "steps", "batch_prompts", "ppo_epochs", "num_mini_batches", "checkpoint_every",
-                    "keep_checkpoints")
-        for name in positive:
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            problems.append("micro_batch_size must be >= 1 or None")
-        if self.temperature <= 0:
-            problems.append("temperature must be > 0")
-        if problems:
-            raise ValueError("invalid RLConfig: " + "; ".join(problems))
-
-    @property
-    def clip_high(self) -> float:
-        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> RLConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown RLConfig keys: {sorted(unknown)}")
-        return cls(**values)
 
 
 # --- pure helpers ------------------------------------------------------------------------------

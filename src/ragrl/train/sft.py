@@ -29,41 +29,10 @@ import pyarrow.parquet as pq
 import torch
 
 from ragrl.io import atomic_dir
+from ragrl.settings import DEFAULT_LORA_TARGETS, SFTArgs  # noqa: F401  (re-exported)
 
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DATA_COLUMNS = ("input_ids", "assistant_masks")
 
-
-@dataclass(frozen=True)
-class SFTArgs:
-    epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides epochs
-    lr: float = 1e-5
-    batch_size: int = 8  # per device
-    grad_accum: int = 1
-    seed: int = 0
-    warmup_steps: float = 0.0  # an int: steps; a float in [0, 1): share of all steps
-    weight_decay: float = 0.0
-    lr_scheduler: str = "cosine"
-    max_grad_norm: float = 1.0
-    max_length: int | None = None  # None: never truncate (TRL's default of 1024 would)
-    log_every: int = 10
-    bf16: bool | None = None  # None: on when a CUDA device supports it
-    gradient_checkpointing: bool = False
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = field(default=DEFAULT_LORA_TARGETS)
-
-    def __post_init__(self) -> None:
-        for name in ("lr", "batch_size", "grad_accum", "log_every"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sft.{name}={getattr(self, name)} must be > 0")
-        if self.max_steps <= 0 and self.epochs <= 0:
-            raise ValueError("sft needs epochs > 0 or max_steps > 0")
-        if self.lora and (self.lora_r <= 0 or not self.lora_target_modules):
-            raise ValueError("LoRA needs lora_r > 0 and at least one target module")
 
 
 def load_sft_dataset(path: str | Path):

@@ -3,7 +3,7 @@
 Two routes, one output format.
 
 Gold trajectories (the embedded default): for each QA row of the synthetic world, the trajectory
-of a perfect agent. One assistant turn per hop, `<think>…</think>\\n<search>query</search>`, whose
+of a perfect agent, planned by a `GoldPlanner` (the world's: `ragrl.toy.gold`). One assistant turn per hop, `<think>…</think>\\n<search>query</search>`, whose
 query is the 1-hop question template of the hop's relation filled with the hop's head ("Where was
 X born?"); bridge hops are sequential (the second head is the first hop's answer); the two sides
 of a comparison are one turn each, or ONE turn `<search>q1 | q2</search>` in the multi-query
@@ -42,29 +42,19 @@ num_turns int32, text string (the decoded sequence, special tokens kept, for ins
 from __future__ import annotations
 
 import copy
-import json
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragrl.agent.protocol import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
-    SEARCH_CLOSE,
-    SEARCH_OPEN,
-    THINK_CLOSE,
-    THINK_OPEN,
-    observation,
-)
+from ragrl.agent.protocol import observation
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.io import write_json, write_parquet
 from ragrl.rewards.qa import exact_match, format_reward
-from ragrl.toy.relations import RELATION_BY_KEY
 
 SFT_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -116,43 +106,15 @@ class GoldPlan:
     turns: tuple[tuple[int, ...], ...]
 
 
-def plan_row(row: dict, multi_query: bool, max_queries: int = 1, seed: int = 0) -> GoldPlan:
-    meta = json.loads(row["metadata"]) if isinstance(row["metadata"], str) else dict(row["metadata"])
-    raw_hops = meta["hops"]
-    supporting = list(row.get("supporting_ids") or [])
-    # The world lists one supporting passage per hop (the hop head's passage), in hop order.
-    aligned = len(supporting) == len(raw_hops)
-    hops = tuple(
-        Hop(head, rel, str(tail), hop_query(rel, head, f"{row['id']}:{i}", seed), supporting[i] if aligned else None)
-        for i, (head, rel, tail) in enumerate(raw_hops)
-    )
-    parallel = meta.get("type") == "comparison" and multi_query and max_queries >= len(hops)
-    turns = (tuple(range(len(hops))),) if parallel else tuple((i,) for i in range(len(hops)))
-    golds = list(row["golden_answers"])
-    return GoldPlan(row["id"], row["question"], golds[0] if golds else "", hops, turns)
+class GoldPlanner(Protocol):
+    """Turns a QA row into a perfect agent's plan and writes its turns (the synthetic world's is
+    `ragrl.toy.gold.WorldPlanner`; real datasets have no such annotations)."""
 
+    def plan(self, row: dict, multi_query: bool, max_queries: int) -> GoldPlan: ...
 
-def hop_query(relation: str, head: str, key: str, seed: int = 0) -> str:
-    """One of the relation's 1-hop question templates, picked by a stable hash (varied, reproducible)."""
-    templates = RELATION_BY_KEY[relation].questions
-    return templates[zlib.crc32(f"{seed}:{key}".encode()) % len(templates)].format(h=head)
+    def search_text(self, plan: GoldPlan, turn: int) -> str: ...
 
-
-def _fact(hop: Hop) -> str:
-    return RELATION_BY_KEY[hop.relation].sentences[0].format(h=hop.head, t=hop.tail)
-
-
-def search_text(plan: GoldPlan, turn: int) -> str:
-    hops = [plan.hops[i] for i in plan.turns[turn]]
-    known = [_fact(plan.hops[i]) for t in plan.turns[:turn] for i in t]
-    need = " and ".join(h.query for h in hops)
-    thought = f"I need to find out: {need}" if not known else f"{' '.join(known)} Next I need to find out: {need}"
-    return f"{THINK_OPEN}{thought}{THINK_CLOSE}\n{SEARCH_OPEN}{' | '.join(h.query for h in hops)}{SEARCH_CLOSE}"
-
-
-def answer_text(plan: GoldPlan) -> str:
-    facts = " ".join(_fact(h) for h in plan.hops)
-    return f"{THINK_OPEN}{facts} So the answer is {plan.answer}.{THINK_CLOSE}\n{ANSWER_OPEN}{plan.answer}{ANSWER_CLOSE}"
+    def answer_text(self, plan: GoldPlan) -> str: ...
 
 
 # --------------------------------------------------------------------------- gold trajectories
@@ -181,22 +143,24 @@ class Draft:
     segments: int = 0
 
 
-def gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, *, require_support: bool = True,
-                      append_eos: bool = True, seed: int = 0) -> tuple[list[dict], SFTDataStats]:
+def gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, planner: GoldPlanner, *,
+                      require_support: bool = True, append_eos: bool = True) -> tuple[list[dict], SFTDataStats]:
     """Gold SFT rows for `qa_rows` under `engine`'s prompt, environment, tokenizer and budgets.
 
     All rows advance turn by turn, so each turn is one batched retriever call (as in a rollout).
     The engine's generator is never called.
     """
     spec = engine.env.spec
-    env = copy.copy(engine.env)  # same environment, its retriever wrapped; the engine's stays untouched
-    recorder = _RecordingRetriever(engine.env.retriever)
+    # Same environment, its retriever wrapped; the engine's stays untouched. Gold search plans need
+    # an environment with a retriever (a search environment), which the Environment protocol lacks.
+    env: Any = copy.copy(engine.env)
+    recorder = _RecordingRetriever(env.retriever)
     env.retriever = recorder
     stats = SFTDataStats("gold")
     drafts = []
     for row in qa_rows:
         stats.total += 1
-        plan = plan_row(row, spec.multi_query, spec.max_queries, seed)
+        plan = planner.plan(row, spec.multi_query, spec.max_queries)
         if not plan.answer:
             stats.dropped["no_gold_answer"] += 1
             continue
@@ -209,8 +173,8 @@ def gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, *, require
     for turn in range(max((len(d.plan.turns) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.plan.turns)]
         if active:
-            _search_turn(active, turn, env, recorder, engine, require_support)
-    return finish_drafts(drafts, answer_text, engine, stats, append_eos), stats
+            _search_turn(active, turn, env, recorder, engine, planner, require_support)
+    return finish_drafts(drafts, planner.answer_text, engine, stats, append_eos), stats
 
 
 def finish_drafts(drafts, answer_of, engine: RolloutEngine, stats: SFTDataStats, append_eos: bool) -> list[dict]:
@@ -230,10 +194,10 @@ def finish_drafts(drafts, answer_of, engine: RolloutEngine, stats: SFTDataStats,
 
 
 def _search_turn(active: list[Draft], turn: int, env, recorder: _RecordingRetriever, engine: RolloutEngine,
-                 require_support: bool) -> None:
+                 planner: GoldPlanner, require_support: bool) -> None:
     actions = []
     for d in active:
-        text = search_text(d.plan, turn)
+        text = planner.search_text(d.plan, turn)
         actions.append(env.parse(text))
         _append_segment(d, _encode(engine, text), engine)
     infos = env.respond(actions, engine.reserved)
@@ -341,7 +305,7 @@ def _teacher_reject(t, row: dict, engine: RolloutEngine, require_format: bool) -
         return "no_answer"
     if exact_match(t.answer, row["golden_answers"]) < 1.0:
         return "wrong_answer"
-    if require_format and format_reward(t.response_text, engine.env.name) < 1.0:
+    if require_format and format_reward(t.response_text, engine.env.spec.tools) < 1.0:
         return "bad_format"
     return None
 
@@ -372,45 +336,38 @@ def write_sft_data(rows: Sequence[dict], stats: SFTDataStats, path: str | Path) 
 # --------------------------------------------------------------------------- stages (what the CLI calls)
 
 
-def _data_engine(model_dir: str | Path, env_name: str, retriever, generator, rollout_cfg, topk: int,
-                 max_queries: int) -> RolloutEngine:
+def _data_engine(model_dir: str | Path, env, generator, rollout_cfg) -> RolloutEngine:
     import transformers
 
-    from ragrl.agent.environments import make_environment
-    from ragrl.agent.retriever_adapter import AgentRetriever
     from ragrl.agent.rollout import RolloutConfig
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    env = make_environment(env_name, AgentRetriever(retriever), topk=topk, max_queries=max_queries)
     return RolloutEngine(generator, tokenizer, env, rollout_cfg or RolloutConfig())
 
 
-def gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env_name: str, retriever, out: str | Path, *,
-                   rollout_cfg=None, topk: int = 3, max_queries: int = 3, limit: int | None = None,
-                   require_support: bool = True, seed: int = 0) -> dict:
+def gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, planner: GoldPlanner, out: str | Path, *,
+                   rollout_cfg=None, limit: int | None = None, require_support: bool = True) -> dict:
     """Gold trajectories for the rows of `qa_parquet`, tokenized with the policy's tokenizer (`model_dir`).
 
-    `retriever`: a `Searcher`, `RetrievalClient` or anything with `search(queries, topk)`; the
-    environment and budgets must be the ones RL and evaluation use, or the format drifts.
+    `env`: the environment RL and evaluation use (its retriever answers the gold queries), with
+    the same budgets, or the format drifts.
     """
-    engine = _data_engine(model_dir, env_name, retriever, None, rollout_cfg, topk, max_queries)
-    rows, stats = gold_trajectories(read_qa_rows(qa_parquet, limit), engine, require_support=require_support,
-                                    seed=seed)
+    engine = _data_engine(model_dir, env, None, rollout_cfg)
+    rows, stats = gold_trajectories(read_qa_rows(qa_parquet, limit), engine, planner, require_support=require_support)
     write_sft_data(rows, stats, out)
     _report(stats, out)
     return stats.to_dict()
 
 
-def teacher_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env_name: str, retriever, out: str | Path, *,
-                      base_url: str, teacher_model: str, api_key: str | None = None, rollout_cfg=None,
-                      topk: int = 3, max_queries: int = 3, limit: int | None = None, n: int = 1,
-                      max_per_question: int = 1, batch_size: int = 64, seed: int | None = 0) -> dict:
+def teacher_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, out: str | Path, *, base_url: str,
+                      teacher_model: str, api_key: str | None = None, rollout_cfg=None, limit: int | None = None,
+                      n: int = 1, max_per_question: int = 1, batch_size: int = 64, seed: int | None = 0) -> dict:
     """Teacher trajectories from an OpenAI-compatible server (vLLM) serving `teacher_model`, kept when right."""
     from ragrl.agent.generation import OpenAICompletionsGenerator
 
     teacher = OpenAICompletionsGenerator(base_url, teacher_model, api_key=api_key)
     try:
-        engine = _data_engine(model_dir, env_name, retriever, teacher, rollout_cfg, topk, max_queries)
+        engine = _data_engine(model_dir, env, teacher, rollout_cfg)
         rows, stats = teacher_trajectories(read_qa_rows(qa_parquet, limit), engine, n=n, seed=seed,
                                            batch_size=batch_size, max_per_question=max_per_question)
     finally:

@@ -35,10 +35,9 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from ragrl.agent.environments import make_environment
 from ragrl.agent.generation import row_limits
-from ragrl.agent.retriever_adapter import AgentRetriever
-from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+from ragrl.agent.rollout import RolloutEngine
+from ragrl.recipe import parse_recipe
 from ragrl.train.verl.data import prompt_ids as template_prompt_ids
 from ragrl.train.verl.overrides import AGENT_NAME
 
@@ -64,7 +63,7 @@ def _retrieval_client(url: str):
 
     with _lock:
         if url not in _clients:
-            _clients[url] = AgentRetriever(RetrievalClient(url, timeout=120.0, retries=5))
+            _clients[url] = RetrievalClient(url, timeout=120.0, retries=5)
         return _clients[url]
 
 
@@ -144,15 +143,16 @@ def response_logprobs(traj, outputs) -> list[float] | None:
 class RagrlAgentLoop(AgentLoopBase):
     """One trajectory of the recipe's search environment, rolled out by RolloutEngine."""
 
-    def __init__(self, *args, env: str = "search", retriever_url: str | None = None, topk: int = 3,
-                 max_queries: int = 1, rollout: dict | None = None, retriever=None, **kwargs) -> None:
+    def __init__(self, *args, recipe: str = "{}", recipe_name: str = "recipe", retriever_url: str | None = None,
+                 retriever=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if retriever is None:
+        parsed = parse_recipe(str(recipe), str(recipe_name))
+        if retriever is None and "retriever" in parsed.method.inputs:
             if not retriever_url:
                 raise ValueError(f"agent loop {AGENT_NAME}: no retriever_url in its agent_loop_config_path entry")
             retriever = _retrieval_client(str(retriever_url))
-        self.env = make_environment(env, retriever, topk=int(topk), max_queries=int(max_queries))
-        cfg = RolloutConfig(**dict(rollout or {}))
+        self.env = parsed.method.make_environment(parsed, {"retriever": retriever})
+        cfg = parsed.rollout
         # verl pads every response to rollout.response_length and cuts what is longer; the engine
         # must never produce more, or the cut would drop the answer the reward is computed from.
         response_length = int(self.rollout_config.response_length)

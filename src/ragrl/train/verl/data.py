@@ -31,9 +31,11 @@ def instruction_template(recipe) -> tuple[str, int]:
     """(template, max_queries) the rollout engine would use for this recipe (RolloutEngine.prompt_ids)."""
     from ragrl.agent.protocol import DEFAULT_INSTRUCTION, DEFAULT_MULTI_QUERY_INSTRUCTION
 
-    multi = recipe.env == "multi_query_search"
-    template = recipe.rollout.instruction or (DEFAULT_MULTI_QUERY_INSTRUCTION if multi else DEFAULT_INSTRUCTION)
-    return template, (recipe.max_queries if multi else 1)
+    env = recipe.method.make_environment(recipe, {})
+    spec = env.spec
+    template = (recipe.rollout.instruction or getattr(env, "instruction", None)
+                or (DEFAULT_MULTI_QUERY_INSTRUCTION if spec.multi_query else DEFAULT_INSTRUCTION))
+    return template, spec.max_queries
 
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -77,11 +79,9 @@ def write_verl_parquet(qa: Path, out: Path, recipe, tokenizer, *, split: str = "
 def check_prompts_match_engine(out: Path, recipe, tokenizer, k: int = 32) -> None:
     """The first `k` prompts tokenize as the local rollout engine's prompts do (same instruction,
     same template, same ids): a drift here would train verl on prompts evaluation never shows."""
-    from ragrl.agent.environments import make_environment
     from ragrl.agent.rollout import RolloutEngine
 
-    env = make_environment(recipe.env, None, topk=recipe.topk, max_queries=recipe.max_queries)
-    engine = RolloutEngine(None, tokenizer, env, recipe.rollout)
+    engine = RolloutEngine(None, tokenizer, recipe.method.make_environment(recipe, {}), recipe.rollout)
     for row in pq.read_table(out, columns=["prompt", "extra_info"]).slice(0, k).to_pylist():
         ours = prompt_ids(tokenizer, row["prompt"])
         if ours != engine.prompt_ids(row["extra_info"]["question"]):

@@ -86,14 +86,13 @@ def cluster_from_env(env: dict | None = None) -> VerlCluster:
 
 def agent_loop_entries(recipe, retriever_url: str | None) -> list[dict]:
     """The YAML list verl loads from rollout.agent.agent_loop_config_path: our loop and its settings."""
+    # The recipe travels as JSON: hydra would hand nested mappings over as DictConfig objects.
     return [{
         "name": AGENT_NAME,
         "_target_": AGENT_LOOP_TARGET,
-        "env": recipe.env,
+        "recipe": json.dumps(recipe.to_config(), sort_keys=True),
+        "recipe_name": recipe.name,
         "retriever_url": retriever_url,
-        "topk": recipe.topk,
-        "max_queries": recipe.max_queries,
-        "rollout": dataclasses.asdict(recipe.rollout),
     }]
 
 
@@ -173,12 +172,12 @@ def run_verl(recipe, qa: Path, policy: Path, out_dir: Path, *, index: Path | Non
              mode: str | None = None, limit: int | None = None, log_out: Path | None = None) -> Path:
     from transformers import AutoTokenizer
 
-    from ragrl.stages.search_agent import _prepare_work_dir
+    from ragrl.train.checkpoint import prepare_work_dir
     from ragrl.train.verl.data import check_prompts_match_engine, write_verl_parquet
 
     out_dir = Path(out_dir).resolve()
     python, launcher = verl_python(), launcher_script()
-    _prepare_work_dir(out_dir, {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
+    prepare_work_dir(out_dir, {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
                                 "limit": limit, "backend": "verl"})
     tokenizer = AutoTokenizer.from_pretrained(policy)
     train = out_dir / "verl_data" / "train.parquet"

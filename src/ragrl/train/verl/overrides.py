@@ -93,8 +93,8 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
 
     cfg = rl_config(recipe)
     problems = []
-    if recipe.env not in ("search", "multi_query_search"):
-        problems.append(f"env {recipe.env!r}: the verl agent loop runs the search environments only")
+    if "verl" not in recipe.method.rl_backends:
+        problems.append(f"method {recipe.env!r} does not support the verl backend (supported: {recipe.method.rl_backends})")
     if cfg.algorithm != "grpo":
         problems.append(f"algorithm {cfg.algorithm!r}: the verl backend runs GRPO only")
     if cfg.turn_advantage_weight:
@@ -166,7 +166,8 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
         # reward: ours, through verl's custom-reward loader; weights and env as reward_kwargs
         "reward.custom_reward_function.path": str(paths.reward_module),
         "reward.custom_reward_function.name": "compute_score",
-        "+reward.custom_reward_function.reward_kwargs": {"weights": dict(recipe.reward), "env": recipe.env},
+        "+reward.custom_reward_function.reward_kwargs": {"weights": dict(recipe.reward), "env": recipe.env,
+                                                        "plugin": recipe.plugin or ""},
         # trainer: steps, checkpoints (resumed automatically after a kill), logs, cluster shape
         "trainer.total_training_steps": cfg.steps,
         "trainer.total_epochs": max(1, math.ceil(cfg.steps / steps_per_epoch)),

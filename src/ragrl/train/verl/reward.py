@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ragrl.rewards.qa import composite_reward
+from ragrl.methods import get_method
 
 
 def golds_of(ground_truth: Any) -> list[str]:
@@ -34,15 +34,13 @@ def golds_of(ground_truth: Any) -> list[str]:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, *,
-                  weights: Mapping[str, float] | None = None, env: str = "search", **_: Any) -> dict:
+                  weights: Mapping[str, float] | None = None, env: str = "search", plugin: str = "", **_: Any) -> dict:
     """{"score": weighted reward, plus each metric}: verl logs every key of the dict per step.
 
-    `**_` takes what verl's reward managers may add (reward_router_address, ...), unused here.
+    The recipe's method scores the text (`Method.text_reward`). `**_` takes what verl's reward
+    managers may add (reward_router_address, ...), unused here.
     """
-    weights = dict(weights or {"em": 1.0})
-    golds = golds_of(ground_truth)
-    score = composite_reward(solution_str, golds, weights, env=env)
-    # The metrics one by one, whatever the weights: the training log shows em/f1/format separately.
-    parts = {key: composite_reward(solution_str, golds, {key: 1.0}, env=env)
-             for key in ("em", "f1", "cover_em", "format")}
-    return {"score": float(score), **parts}
+    method = get_method(env, plugin or None)
+    if method.text_reward is None:
+        raise ValueError(f"method {env!r} has no text reward, so it cannot train on verl")
+    return method.text_reward(dict(weights or method.default_reward), solution_str, golds_of(ground_truth))

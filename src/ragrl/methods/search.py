@@ -1,0 +1,82 @@
+"""Search-R1: one `<search>query</search>` per turn against a passage retriever, answer reward.
+
+Environment: `ragrl.agent.environments.SearchEnvironment` over the recipe's retriever (an
+in-process searcher or the HTTP service). Reward: a weighted sum of answer EM / F1 / cover-EM and
+the format reward (Search-R1 trains on EM alone). Cold-start SFT: gold trajectories on the
+synthetic world, a teacher, or an imported file. RL: the local trainer or verl.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ragrl.methods import Method, Score
+
+REWARD_KEYS = ("em", "f1", "cover_em", "format")
+
+
+def retriever_of(backends: Mapping[str, Any]):
+    """The environments take hits as mappings; the searcher and the HTTP client return `Hit`s."""
+    from ragrl.agent.retriever_adapter import AgentRetriever
+
+    backend = backends.get("retriever")
+    return None if backend is None else AgentRetriever(backend)
+
+
+def make_environment(recipe, backends: Mapping[str, Any]):
+    from ragrl.agent.environments import SearchEnvironment
+
+    return SearchEnvironment(retriever_of(backends), recipe.topk)
+
+
+def answer_score(recipe, trajectory, row: Mapping[str, Any], tools: Sequence[str] = ("search",)) -> Score:
+    """The recipe's weighted answer metrics; every metric it weighs is logged on its own."""
+    from ragrl.rewards.qa import composite_reward
+
+    golds = row["golden_answers"]
+    parts = {k: composite_reward(trajectory, golds, {k: 1.0}, tools) for k in recipe.reward}
+    return Score(sum(float(w) * parts[k] for k, w in recipe.reward.items()), None, parts)
+
+
+def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
+    return answer_score(recipe, trajectory, row, ("search",))
+
+
+def text_reward(weights: Mapping[str, float], text: str, golds: Sequence[str], tools: Sequence[str] = ("search",)) -> dict:
+    """verl's reward: the whole decoded response, scored like a local rollout, every metric logged."""
+    from ragrl.rewards.qa import composite_reward
+
+    parts = {key: composite_reward(text, golds, {key: 1.0}, tools) for key in REWARD_KEYS}
+    return {"score": float(composite_reward(text, golds, weights, tools)), **parts}
+
+
+def world_gold_reason(dataset: Mapping[str, Any]) -> str | None:
+    """Gold plans need the synthetic world's hop annotations: only its QA splits have them."""
+    if dataset.get("format") == "parquet" and str(dataset.get("path", "")).startswith("results/world/qa/"):
+        return None
+    return (f"gold trajectories need the synthetic world's hop annotations, and dataset {dataset.get('path')!r} "
+            f"(format {dataset.get('format')}) has none")
+
+
+def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
+    from ragrl.toy.gold import WorldPlanner
+    from ragrl.train.sft_data import gold_sft_stage
+
+    return gold_sft_stage(qa, policy, env, WorldPlanner(recipe.seed), out, rollout_cfg=recipe.rollout, limit=limit)
+
+
+METHOD = Method(
+    name="search",
+    summary="Search-R1: one search query per turn, answer-EM reward",
+    make_environment=make_environment,
+    score=score,
+    inputs=("retriever",),
+    reward_keys=REWARD_KEYS,
+    default_reward={"em": 1.0},
+    gold_sft=gold_sft,
+    gold_sft_reason=world_gold_reason,
+    text_reward=text_reward,
+    rl_backends=("local", "verl"),
+    baselines=True,
+)

@@ -1,0 +1,139 @@
+"""The typed settings of the training and rollout stages, standard library only.
+
+A recipe's `rollout`, `sft` and `rl` sections map onto these dataclasses key for key. They live
+here, not next to the code that uses them, so that the workflow (`rules/common.smk`) can check a
+whole recipe before any job starts without importing torch, and so that the schema, the
+validation and the stages read one list of keys (tests/test_recipe.py checks the schema against
+these fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# RL: advantage estimators and loss aggregations the core implements (ragrl.train.losses).
+ALGORITHMS = ("grpo", "ppo_clip")
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "grpo", "dr_grpo")
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    max_turns: int = 4  # tool turns; one forced answer turn may follow
+    max_turn_tokens: int = 512
+    max_response_tokens: int = 2048
+    max_context_tokens: int = 8192
+    max_obs_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1  # samples per prompt (a GRPO group)
+    seed: int | None = 0
+    forced_answer_prefill: bool = True
+    # Prompt text with {question} (and {max_queries}) placeholders; None: the Search-R1 style
+    # default of the environment (protocol.DEFAULT_INSTRUCTION / DEFAULT_MULTI_QUERY_INSTRUCTION).
+    instruction: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_turn_tokens", "max_response_tokens", "max_context_tokens", "max_obs_tokens", "n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
+        if self.max_turns < 0:
+            raise ValueError(f"rollout.max_turns={self.max_turns} must be >= 0")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout temperature={self.temperature} must be >= 0 and top_p={self.top_p} in (0, 1]")
+
+
+@dataclass(frozen=True)
+class SFTArgs:
+    epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides epochs
+    lr: float = 1e-5
+    batch_size: int = 8  # per device
+    grad_accum: int = 1
+    seed: int = 0
+    warmup_steps: float = 0.0  # an int: steps; a float in [0, 1): share of all steps
+    weight_decay: float = 0.0
+    lr_scheduler: str = "cosine"
+    max_grad_norm: float = 1.0
+    max_length: int | None = None  # None: never truncate (TRL's default of 1024 would)
+    log_every: int = 10
+    bf16: bool | None = None  # None: on when a CUDA device supports it
+    gradient_checkpointing: bool = False
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = field(default=DEFAULT_LORA_TARGETS)
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "batch_size", "grad_accum", "log_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sft.{name}={getattr(self, name)} must be > 0")
+        if self.max_steps <= 0 and self.epochs <= 0:
+            raise ValueError("sft needs epochs > 0 or max_steps > 0")
+        if self.lora and (self.lora_r <= 0 or not self.lora_target_modules):
+            raise ValueError("LoRA needs lora_r > 0 and at least one target module")
+
+
+@dataclass
+class RLConfig:
+    algorithm: str = "grpo"  # grpo: group-normalised advantages; ppo_clip: batch-normalised (no critic)
+    group_size: int = 4  # samples per prompt
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # None = clip_eps; larger = DAPO's clip-higher
+    kl_coef: float = 0.0  # 0 skips the reference model entirely
+    kl_estimator: str = "k3"
+    loss_agg: str = "token-mean"  # token-mean | grpo | dr_grpo
+    scale_rewards: bool = True  # False: do not divide advantages by the std (Dr. GRPO)
+    max_response_len: int | None = None  # dr_grpo's constant normaliser (the generation limit)
+    lr: float = 1e-6
+    warmup_steps: int = 0  # linear LR warm-up, counted in RL steps
+    weight_decay: float = 0.0
+    steps: int = 100
+    batch_prompts: int = 8  # prompts per step over all processes
+    ppo_epochs: int = 1
+    num_mini_batches: int = 1  # optimizer steps per epoch
+    micro_batch_size: int | None = None  # sequences per forward pass (gradient accumulation); None = whole mini-batch
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    turn_advantage_weight: float = 0.0  # w in A = w * A_turn + A_global
+    temperature: float = 1.0  # must equal the rollout's sampling temperature: log-probs are of softmax(logits / T)
+    mixed_precision: str = "no"  # "no" | "bf16" (fills DeepSpeed's "auto" bf16 switch)
+    log_entropy: bool = True  # costs one [B, T, V] softmax per micro-batch in the no-grad pass
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.algorithm not in ALGORITHMS:
+            problems.append(f"algorithm {self.algorithm!r} not in {ALGORITHMS}")
+        if self.kl_estimator != "k3":
+            problems.append(f"kl_estimator {self.kl_estimator!r}: only 'k3' is implemented")
+        if self.loss_agg not in LOSS_AGG_MODES:
+            problems.append(f"loss_agg {self.loss_agg!r} not in {LOSS_AGG_MODES}")
+        if self.mixed_precision not in ("no", "bf16"):
+            problems.append(f"mixed_precision {self.mixed_precision!r} not in ('no', 'bf16')")
+        positive = ("group_size", "steps", "batch_prompts", "ppo_epochs", "num_mini_batches", "checkpoint_every",
+                    "keep_checkpoints")
+        for name in positive:
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            problems.append("micro_batch_size must be >= 1 or None")
+        if self.temperature <= 0:
+            problems.append("temperature must be > 0")
+        if problems:
+            raise ValueError("invalid RLConfig: " + "; ".join(problems))
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RLConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown RLConfig keys: {sorted(unknown)}")
+        return cls(**values)

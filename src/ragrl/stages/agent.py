@@ -1,0 +1,102 @@
+"""The stages of every agent method: SFT data, SFT, RL, evaluation.
+
+Each function is what one CLI command (and so one Snakemake rule) runs: it loads what the command
+names, asks the recipe's method (ragrl.methods) for its environment, reward and SFT builder, and
+calls the core. Nothing here knows a method by name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ragrl.recipe import Recipe, sft_args
+
+
+def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: str | None = None,
+                  kg: Path | None = None, kg_mode: str = "whole", kg_url: str | None = None) -> dict[str, Any]:
+    """What the CLI flags name, by input kind: a passage retriever (`retriever`), a knowledge graph (`graph`)."""
+    backends: dict[str, Any] = {}
+    if index is not None or bm25 is not None:
+        from ragrl.retrieval.searcher import load_searcher
+
+        backends["retriever"] = load_searcher(index, bm25, mode)
+    if kg_url:
+        from ragrl.kg.client import KGClient
+
+        backends["graph"] = KGClient(kg_url)
+    elif kg is not None:
+        from ragrl.kg.server import KGService
+        from ragrl.kg.store import load_kg
+
+        backends["graph"] = KGService(load_kg(kg, kg_mode))
+    return backends
+
+
+def environment(recipe: Recipe, backends: Mapping[str, Any]):
+    missing = [kind for kind in recipe.method.inputs if backends.get(kind) is None]
+    if missing:
+        flags = {"retriever": "--index/--bm25", "graph": "--kg/--kg-url"}
+        raise ValueError(f"recipe {recipe.name!r} (method {recipe.env!r}) needs {', '.join(flags[m] for m in missing)}")
+    return recipe.method.make_environment(recipe, backends)
+
+
+def sft_data(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out: Path,
+             limit: int | None = None) -> dict:
+    """Cold-start SFT data by the recipe's route: the method's gold trajectories, a teacher's
+    correct trajectories (OpenAI-compatible endpoint), or a published SFT file."""
+    from ragrl.train.sft_data import teacher_sft_stage
+
+    source = recipe.sft_source
+    if source == "import":
+        from ragrl.train.sft_import import import_sft_stage
+
+        spec = recipe.sft["import"]
+        return import_sft_stage(spec["path"], spec.get("format", "chat_json"), policy, out, rollout_cfg=recipe.rollout,
+                                limit=limit)
+    env = environment(recipe, backends)
+    if source == "gold":
+        return recipe.method.gold_sft(recipe, qa, policy, env, backends, out, limit)
+    teacher = dict(recipe.sft["teacher"])
+    api_key = os.environ.get(teacher["api_key_env"]) if teacher.get("api_key_env") else None
+    return teacher_sft_stage(qa, policy, env, out, base_url=teacher["base_url"], teacher_model=teacher["model"],
+                             api_key=api_key, rollout_cfg=recipe.rollout, limit=limit, n=teacher.get("n", 1),
+                             max_per_question=teacher.get("max_per_question", 1),
+                             batch_size=teacher.get("batch_size", 64), seed=recipe.seed)
+
+
+def sft(recipe: Recipe, data: Path, policy: Path, out: Path) -> Path:
+    from ragrl.train.sft import train_sft
+
+    return train_sft(policy, data, out, sft_args(recipe))
+
+
+def rl(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out_dir: Path, *,
+       limit: int | None = None, log_out: Path | None = None, flags: Mapping[str, Any] | None = None) -> Path:
+    """RL on the recipe's backend: our trainer here, or verl on a Ray cluster (docs/VERL.md)."""
+    if recipe.rl.get("backend", "local") == "verl":
+        from ragrl.train.verl.launch import run_verl
+
+        flags = dict(flags or {})
+        return run_verl(recipe, qa, policy, out_dir, index=flags.get("index"), bm25=flags.get("bm25"),
+                        mode=flags.get("mode"), limit=limit, log_out=log_out)
+    from ragrl.stages.agent_rl import train_agent
+
+    # Anything the environment reads that can describe itself (a KG's datasets) joins the resume check.
+    fingerprint = {kind: b.health().get("datasets", {}) for kind, b in backends.items()
+                   if kind != "retriever" and hasattr(b, "health")}
+    return train_agent(recipe, qa, policy, out_dir, environment(recipe, backends), limit=limit, log_out=log_out,
+                       fingerprint=fingerprint)
+
+
+def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any], out_dir: Path, *, run_id: str,
+             dataset: str, max_questions: int | None = None, batch_size: int = 32) -> dict:
+    from ragrl.eval.evaluate import evaluate as run_eval
+
+    method = recipe.method
+    cfg = method.eval_rollout(recipe.rollout) if method.eval_rollout else recipe.rollout
+    return run_eval(model, qa, environment(recipe, backends), out_dir, run_id=run_id, dataset=dataset,
+                    rollout_cfg=cfg, batch_size=batch_size, max_questions=max_questions,
+                    extra_metrics=method.eval_metrics, extra_columns=method.eval_metric_columns)

@@ -1,0 +1,76 @@
+"""The synthetic world's gold plans: what a perfect search agent does for a world question.
+
+Only the world's QA rows can be planned: their `metadata.hops` list (head, relation, tail) with
+the world's relation keys, whose 1-hop question templates and fact sentences are in
+`ragrl.toy.relations`. Real datasets carry no such annotations; their cold-start SFT data come
+from a teacher or a published SFT file (recipes.<name>.sft.source).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+
+from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, THINK_CLOSE, THINK_OPEN
+from ragrl.toy.relations import RELATION_BY_KEY
+from ragrl.train.sft_data import GoldPlan, Hop
+
+
+@dataclass(frozen=True)
+class WorldPlanner:
+    """`seed` varies which question template each hop's query uses (reproducibly)."""
+
+    seed: int = 0
+
+    def plan(self, row: dict, multi_query: bool, max_queries: int = 1) -> GoldPlan:
+        return plan_row(row, multi_query, max_queries, self.seed)
+
+    def search_text(self, plan: GoldPlan, turn: int) -> str:
+        return search_text(plan, turn)
+
+    def answer_text(self, plan: GoldPlan) -> str:
+        return answer_text(plan)
+
+
+def plan_row(row: dict, multi_query: bool, max_queries: int = 1, seed: int = 0) -> GoldPlan:
+    meta = json.loads(row["metadata"]) if isinstance(row["metadata"], str) else dict(row["metadata"] or {})
+    raw_hops = meta.get("hops")
+    if not isinstance(raw_hops, list) or not all(isinstance(h, list | tuple) and len(h) == 3 and h[1] in RELATION_BY_KEY
+                                                 for h in raw_hops):
+        raise ValueError(f"QA row {row.get('id')!r}: no world hop annotations (metadata.hops of (head, relation, "
+                         "tail) with world relation keys); gold SFT data need the synthetic world's questions")
+    supporting = list(row.get("supporting_ids") or [])
+    # The world lists one supporting passage per hop (the hop head's passage), in hop order.
+    aligned = len(supporting) == len(raw_hops)
+    hops = tuple(
+        Hop(head, rel, str(tail), hop_query(rel, head, f"{row['id']}:{i}", seed), supporting[i] if aligned else None)
+        for i, (head, rel, tail) in enumerate(raw_hops)
+    )
+    parallel = meta.get("type") == "comparison" and multi_query and max_queries >= len(hops)
+    turns = (tuple(range(len(hops))),) if parallel else tuple((i,) for i in range(len(hops)))
+    golds = list(row["golden_answers"])
+    return GoldPlan(row["id"], row["question"], golds[0] if golds else "", hops, turns)
+
+
+def hop_query(relation: str, head: str, key: str, seed: int = 0) -> str:
+    """One of the relation's 1-hop question templates, picked by a stable hash (varied, reproducible)."""
+    templates = RELATION_BY_KEY[relation].questions
+    return templates[zlib.crc32(f"{seed}:{key}".encode()) % len(templates)].format(h=head)
+
+
+def _fact(hop: Hop) -> str:
+    return RELATION_BY_KEY[hop.relation].sentences[0].format(h=hop.head, t=hop.tail)
+
+
+def search_text(plan: GoldPlan, turn: int) -> str:
+    hops = [plan.hops[i] for i in plan.turns[turn]]
+    known = [_fact(plan.hops[i]) for t in plan.turns[:turn] for i in t]
+    need = " and ".join(h.query for h in hops)
+    thought = f"I need to find out: {need}" if not known else f"{' '.join(known)} Next I need to find out: {need}"
+    return f"{THINK_OPEN}{thought}{THINK_CLOSE}\n{SEARCH_OPEN}{' | '.join(h.query for h in hops)}{SEARCH_CLOSE}"
+
+
+def answer_text(plan: GoldPlan) -> str:
+    facts = " ".join(_fact(h) for h in plan.hops)
+    return f"{THINK_OPEN}{facts} So the answer is {plan.answer}.{THINK_CLOSE}\n{ANSWER_OPEN}{plan.answer}{ANSWER_CLOSE}"
