@@ -59,7 +59,8 @@ def _cmd_model_check(args: argparse.Namespace) -> None:
 def _cmd_corpus(args: argparse.Namespace) -> None:
     from ragrl.corpus import write_passages
 
-    n = write_passages(args.format, args.inputs, args.out, words=args.words, source=args.source)
+    n = write_passages(args.format, args.inputs, args.out, words=args.words, source=args.source,
+                       strip_title_quotes=args.strip_title_quotes)
     print(f"{n} passages written to {args.out}")
 
 
@@ -291,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--words", type=int, default=100, help="passage length in words (kilt)")
     p.add_argument("--source", help="value of the `source` column (default: the format)")
+    p.add_argument("--strip-title-quotes", action="store_true",
+                   help='remove one outer pair of double quotes from titles (wiki-18 writes "Title"); default: keep them')
     p.set_defaults(func=_cmd_corpus)
 
     p = sub.add_parser("qa", help="read a QA set in a public format into the QA parquet")
