@@ -20,6 +20,8 @@ from ragrl.retrieval import Hit
 from ragrl.retrieval.client import RetrievalClient, RetrievalError, RetrievalUnavailable
 from ragrl.retrieval.dense import build_faiss_index, embed_shard
 from ragrl.retrieval.searcher import Searcher, load_searcher
+from method_clients import SearchR1Client
+
 from ragrl.http_server import HttpLimits
 from ragrl.retrieval.service import DEFAULT_MAX_QUERIES, BackgroundServer, create_app
 
@@ -85,18 +87,11 @@ def batching(url: str) -> dict:
 
 
 def search_r1_batch_search(url: str, queries: list[str], topk: int) -> list:
-    payload = {"queries": queries, "topk": topk, "return_scores": True}
-    return httpx.post(url, json=payload, timeout=30).json()["result"]
+    return SearchR1Client(url, topk)._batch_search(queries)["result"]
 
 
 def search_r1_passages2string(retrieval_result: list) -> str:
-    format_reference = ""
-    for idx, doc_item in enumerate(retrieval_result):
-        content = doc_item["document"]["contents"]
-        title = content.split("\n")[0]
-        text = "\n".join(content.split("\n")[1:])
-        format_reference += f"Doc {idx + 1}(Title: {title}) {text}\n"
-    return format_reference
+    return SearchR1Client("")._passages2string(retrieval_result)
 
 
 def test_search_r1_client_gets_the_right_passages(server):
