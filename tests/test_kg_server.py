@@ -373,3 +373,16 @@ def test_observation_wrapping_matches_protocol(service):
     wrapped = observation(info)
     assert wrapped.startswith("\n\n<information>get_relations_in(") and wrapped.endswith("</information>\n\n")
     assert forced_answer_prompt().startswith("<information>")
+
+
+def test_kg_dirs_pairs_names_with_paths():
+    from ragrl.kg.server import kg_dirs
+
+    assert kg_dirs(["a"]) == {None: "a"}
+    assert kg_dirs(["a", "b"], ["webqsp", "CWQ"]) == {"webqsp": "a", "CWQ": "b"}
+    with pytest.raises(ValueError, match="name each"):
+        kg_dirs(["a", "b"])
+    with pytest.raises(ValueError, match="1 --dataset-name for 2 --kg"):
+        kg_dirs(["a", "b"], ["webqsp"])
+    with pytest.raises(ValueError, match="must differ"):
+        kg_dirs(["a", "b"], ["cwq", "CWQ"])

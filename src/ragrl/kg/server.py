@@ -321,11 +321,15 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def kg_dirs(paths: Sequence[str | os.PathLike], names: Sequence[str] = ()) -> dict[str | None, str | os.PathLike]:
     """`--kg` / `--dataset-name` pairs (by position) -> {dataset name or None (= dir name): path}."""
-    if names and len(names) != len(paths):
+    if not names:
+        if len(paths) != 1:
+            raise ValueError(f"{len(paths)} --kg given: name each with a --dataset-name, in the same order")
+        return {None: paths[0]}
+    if len(names) != len(paths):
         raise ValueError(f"{len(names)} --dataset-name for {len(paths)} --kg; give one name per KG, in the same order")
     if len(set(n.casefold() for n in names)) != len(names):
         raise ValueError(f"--dataset-name values must differ (case-insensitively): {list(names)}")
-    return dict(zip(names or [None] * len(paths), paths))
+    return dict(zip(names, paths))
 
 
 def serve(kg_dir: str | os.PathLike | Mapping[str | None, str | os.PathLike], host: str = "127.0.0.1",
