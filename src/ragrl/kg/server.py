@@ -36,7 +36,6 @@ In-process mode: `KGService.retrieve(...)` is the function the HTTP route calls 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
