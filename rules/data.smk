@@ -9,6 +9,7 @@ rule corpus:
     params:
         fmt=lambda wc: config["corpora"][wc.corpus]["format"],
         words=lambda wc: config["corpora"][wc.corpus]["words"],
+        titles=lambda wc: "--strip-title-quotes" if config["corpora"][wc.corpus].get("strip_title_quotes") else "",
     log:
         "logs/corpus/{corpus}.log",
     benchmark:
@@ -20,7 +21,7 @@ rule corpus:
         "../envs/core.yaml"
     shell:
         "python -m ragrl corpus --format {params.fmt} --inputs {input} --out {output}"
-        " --words {params.words} --source {wildcards.corpus} > {log} 2>&1"
+        " --words {params.words} --source {wildcards.corpus} {params.titles} > {log} 2>&1"
 
 
 rule qa:

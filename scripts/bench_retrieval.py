@@ -23,6 +23,11 @@ splits it into anonymous (heap) and file-backed (mmap'd shards, page cache) memo
             Closed-loop client threads (1 / 16 / 64), each sending single-query POST /retrieve
             requests as a Search-R1 rollout worker does, for --duration seconds per setting.
   bm25q     Searcher(bm25).search queries/s, one at a time and in batches of 64
+  malformed one micro-batched server, --malformed-clients closed-loop clients (64), alternating
+            rounds with no malformed requests and with --malformed-fraction (1%) of requests
+            malformed (lone surrogate, 10^5 nested arrays, a 5000-digit topk, broken JSON,
+            negative topk); throughput and p50/p99 of the good requests in both, same run, and
+            how the malformed ones were answered (every one must be a 4xx, never a 5xx).
 
 Queries are the world's QA test-split questions. Results: OUT_DIR/results.json (rewritten after
 every stage, so a crash keeps what was measured) and a markdown summary on stdout and in
@@ -49,7 +54,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-STAGES = ("world", "embed", "build", "bm25", "inprocess", "service", "bm25q")
+STAGES = ("world", "embed", "build", "bm25", "inprocess", "service", "bm25q", "malformed")
+# Request bodies no client should send, one of each kind issue 18 (F5, F6) found answered with 500.
+MALFORMED_BODIES: dict[str, bytes] = {
+    "lone_surrogate": b'{"queries": ["abc \\ud800"], "topk": 3}',
+    "deep_nesting": b"[" * 100_000 + b"]" * 100_000,
+    "huge_integer": b'{"queries": ["q"], "topk": ' + b"9" * 5000 + b"}",
+    "broken_json": b'{"queries": ["unterminated',
+    "negative_topk": b'{"queries": ["q"], "topk": -1}',
+}
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MB = 1024 * 1024
 # Threading settings for the processes that encode queries. torch (its own libgomp) and faiss-cpu
@@ -473,6 +486,49 @@ class Bench:
                 }
         self.add_ratios()
 
+    def malformed_stage(self) -> None:
+        """Good-request throughput and p99 with and without malformed traffic, alternating rounds on
+        one server so both see the same machine load."""
+        self.stage_start("malformed")
+        import httpx
+
+        a = self.args
+        qs = self.questions()
+        cfg = SERVICE_VARIANTS["microbatch_w0"]
+        res: dict[str, Any] = {"config": cfg, "clients": a.malformed_clients, "duration_s": a.duration,
+                               "rounds": a.rounds, "fraction": a.malformed_fraction, "runs": []}
+        self.results["malformed"] = res
+        pooled: dict[str, list[float]] = {"clean": [], "malformed": []}
+        with RetrievalServer(self.index_dir("Flat"), cfg, self.logs / "server-malformed.log",
+                             a.startup_timeout) as server:
+            httpx.post(f"{server.url}/retrieve", json={"queries": qs[:1], "topk": a.topk}, timeout=120).raise_for_status()
+            for rnd in range(a.rounds):
+                for label, fraction in (("clean", 0.0), ("malformed", a.malformed_fraction)):
+                    self.results["loadavg"][f"malformed/r{rnd}/{label}"] = loadavg()
+                    r, lat = load_test(server, qs, a.malformed_clients, a.duration, a.topk, a.warmup_requests,
+                                       malformed_fraction=fraction)
+                    res["runs"].append({"round": rnd, "label": label, **r})
+                    pooled[label].extend(lat)
+                    log(f"  round {rnd} {label:9s}: {r['qps']:7.1f} good req/s  p50 {r['p50_ms']:8.1f} ms  "
+                        f"p99 {r['p99_ms']:8.1f} ms  good errors {r['errors']}  malformed {r['malformed_answers']}")
+                    self.save()
+        res["summary"] = {}
+        for label in ("clean", "malformed"):
+            runs = [x for x in res["runs"] if x["label"] == label]
+            answers: dict[str, int] = {}
+            for x in runs:
+                for k, v in x["malformed_answers"].items():
+                    answers[k] = answers.get(k, 0) + v
+            res["summary"][label] = {
+                "qps_median": _median([x["qps"] for x in runs]),
+                "p50_ms": round(pct(pooled[label], 50) * 1000, 1),
+                "p99_ms": round(pct(pooled[label], 99) * 1000, 1),
+                "good_requests": len(pooled[label]),
+                "good_errors": sum(x["errors"] for x in runs),
+                "malformed_answers": answers,
+                "malformed_5xx": sum(v for k, v in answers.items() if k.rsplit(":", 1)[1].startswith("5")),
+            }
+
     def add_ratios(self) -> None:
         self.results["ratios"] = compute_ratios(self.results)
 
@@ -695,8 +751,14 @@ class RetrievalServer:
 
 
 def load_test(server: RetrievalServer, queries: list[str], clients: int, duration: float, topk: int,
-              warmup_requests: int) -> tuple[dict[str, Any], list[float]]:
-    """`clients` closed-loop threads, each sending one single-query request at a time for `duration` s."""
+              warmup_requests: int, malformed_fraction: float = 0.0) -> tuple[dict[str, Any], list[float]]:
+    """`clients` closed-loop threads, each sending one single-query request at a time for `duration` s.
+
+    With `malformed_fraction` > 0 that share of requests (a fixed pseudo-random pattern per client)
+    is one of MALFORMED_BODIES instead; their answers are counted by status, and only the good
+    requests enter the throughput and latency figures."""
+    import random
+
     import httpx
 
     ready = threading.Barrier(clients + 1)  # every client warmed up and connected
@@ -707,8 +769,22 @@ def load_test(server: RetrievalServer, queries: list[str], clients: int, duratio
     ends = [0.0] * clients
     state = {"deadline": 0.0}
     stride = max(1, len(queries) // clients)
+    bad_kinds = list(MALFORMED_BODIES)
+    bad_status: dict[str, int] = {}
+    bad_lock = threading.Lock()
+
+    def send_malformed(http, rng: random.Random) -> None:
+        kind = rng.choice(bad_kinds)
+        try:
+            code = str(http.post(f"{server.url}/retrieve", content=MALFORMED_BODIES[kind],
+                                 headers={"content-type": "application/json"}).status_code)
+        except httpx.HTTPError as exc:
+            code = type(exc).__name__
+        with bad_lock:
+            bad_status[f"{kind}:{code}"] = bad_status.get(f"{kind}:{code}", 0) + 1
 
     def worker(i: int) -> None:
+        rng = random.Random(1000 + i)
         with httpx.Client(timeout=120.0) as http:
             j = i * stride
             for _ in range(warmup_requests):  # opens the keep-alive connection, warms the path
@@ -721,6 +797,9 @@ def load_test(server: RetrievalServer, queries: list[str], clients: int, duratio
             go.wait()
             deadline = state["deadline"]
             while time.monotonic() < deadline:
+                if malformed_fraction and rng.random() < malformed_fraction:
+                    send_malformed(http, rng)
+                    continue
                 q = queries[j % len(queries)]
                 j += 1
                 t = time.perf_counter()
@@ -781,6 +860,8 @@ def load_test(server: RetrievalServer, queries: list[str], clients: int, duratio
         "server_cpu_ms_per_request": round(server_cpu / n * 1000, 2) if server_cpu is not None and n else None,
         "client_cpu_s": round(client_cpu, 2),
         "client_cpu_ms_per_request": round(client_cpu / n * 1000, 2) if n else None,
+        "malformed_fraction": malformed_fraction,
+        "malformed_answers": dict(sorted(bad_status.items())),
     }, lat
 
 
@@ -900,6 +981,19 @@ def summary_markdown(r: dict[str, Any]) -> str:
         for b, s in bq["searcher"].items():
             L.append(f"| {b} | {s['qps']} | {s['ms_per_query']} | {bq.get('bm25_only', {}).get(b, {}).get('qps')} |")
         L.append("")
+    mal = r.get("malformed")
+    if mal and "summary" in mal:
+        L.append(f"### Malformed requests ({mal['clients']} clients, {mal['fraction']:.0%} malformed, "
+                 f"{mal['rounds']} x {mal['duration_s']} s per setting, alternating, one server)")
+        L.append("")
+        L.append("| traffic | good req/s (median) | good p50 ms | good p99 ms | good requests | good errors "
+                 "| malformed answered | malformed 5xx |")
+        L.append("|---|---:|---:|---:|---:|---:|---|---:|")
+        for label, x in mal["summary"].items():
+            answers = ", ".join(f"{k} x{v}" for k, v in x["malformed_answers"].items()) or "-"
+            L.append(f"| {label} | {x['qps_median']} | {x['p50_ms']} | {x['p99_ms']} | {x['good_requests']} | "
+                     f"{x['good_errors']} | {answers} | {x['malformed_5xx']} |")
+        L.append("")
     if r.get("failed_stages"):
         L.append(f"**Failed stages:** {r['failed_stages']}")
     return "\n".join(L)
@@ -935,6 +1029,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--encode-sample", type=int, default=1024, help="passages for the steady-state encode rate")
     p.add_argument("--warmup-requests", type=int, default=1, help="per client, before each timed setting")
     p.add_argument("--topk", type=int, default=3, help="Search-R1's default retrieval topk")
+    p.add_argument("--malformed-clients", type=int, default=64, help="clients in the malformed stage")
+    p.add_argument("--malformed-fraction", type=float, default=0.01,
+                   help="share of malformed requests in the malformed stage's dirty rounds")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--report-only", action="store_true",
                    help="print (and rewrite) the markdown summary of OUT_DIR/results.json; measure nothing")
@@ -982,6 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
         "inprocess": bench.inprocess_stage,
         "service": bench.service_stage,
         "bm25q": bench.bm25q_stage,
+        "malformed": bench.malformed_stage,
     }
     failed = []
     for name in STAGES:

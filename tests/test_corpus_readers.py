@@ -135,18 +135,30 @@ def test_dpr_fixture_unquotes_csv_fields():
     assert passages[2]["text"] == 'Kessa Bay is a shallow bay, and its old harbour is known as "the Basin" to sailors.'
 
 
-def test_flashrag_fixture_splits_title_line_and_strips_its_quotes():
+def test_flashrag_fixture_splits_title_line_and_keeps_its_quotes():
     passages = by_id(read_flashrag(CORPUS / "flashrag.jsonl"))
     assert list(passages) == ["0", "1", "2"]
-    assert passages["0"]["title"] == "Verrow Lantern"
+    # wiki-18's quotes stay: Search-R1 shows the model `(Title: "Verrow Lantern")`.
+    assert passages["0"]["title"] == '"Verrow Lantern"'
     assert passages["0"]["text"] == "The Verrow Lantern is a brass lamp lit on the night of the first frost."
     # Only the first line is the title; later newlines belong to the text.
-    assert passages["1"]["title"] == "Kessa Bay"
+    assert passages["1"]["title"] == '"Kessa Bay"'
     assert passages["1"]["text"] == (
         "Kessa Bay is a shallow bay where the Tamm River meets the sea.\nIts harbour freezes in hard winters."
     )
+    assert passages["2"]["title"] == '"Pell "Red" Arno"'
+
+
+def test_flashrag_title_quotes_are_stripped_only_when_asked(tmp_path):
+    passages = by_id(read_passages("flashrag", CORPUS / "flashrag.jsonl", strip_title_quotes=True))
+    assert passages["1"]["title"] == "Kessa Bay"
     # Only the outer pair of quotes is wiki-18's wrapping.
     assert passages["2"]["title"] == 'Pell "Red" Arno'
+    out = tmp_path / "p.parquet"
+    write_passages("flashrag", [CORPUS / "flashrag.jsonl"], out, strip_title_quotes=True)
+    assert pq.read_table(out)["title"].to_pylist() == ["Verrow Lantern", "Kessa Bay", 'Pell "Red" Arno']
+    write_passages("flashrag", [CORPUS / "flashrag.jsonl"], out)
+    assert pq.read_table(out)["title"].to_pylist()[1] == '"Kessa Bay"'
 
 
 titles = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=30)

@@ -88,19 +88,60 @@ def test_single_store_accepts_any_dataset_name():
     [
         ({"queries": []}, 400, "'requests' list"),
         ("get_relations_out", 400, "JSON list"),
-        ([], 400, "empty batch"),
         ([req("get_relations_out", "x")] * 9, 413, "too many requests"),
-        (["not an object"], 400, "requests[0] must be an object"),
-        ([{"entity_id": "x"}], 400, "action_type is missing"),
-        ([req("get_relations_out", 42)], 400, "requests[0].entity_id must be a string"),
-        ([req("get_relations_out", ["x"])], 400, "entity_id"),
-        ([req(None, "x")], 400, "action_type"),
     ],
 )
 def test_parse_batch_rejects_malformed_bodies(body, status, words):
     with pytest.raises(RequestError) as info:
         parse_batch(body, ServerLimits(max_batch=8))
     assert info.value.status == status and words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("item", "words"),
+    [
+        ("not an object", "requests[1] must be an object"),
+        ({"entity_id": "x"}, "action_type is missing"),
+        (req("get_relations_out", 42), "requests[1].entity_id must be a string"),
+        (req("get_relations_out", ["x"]), "entity_id"),
+        (req(None, "x"), "action_type"),
+        (req("get_relations_out", "abc \ud800"), "requests[1].entity_id is not valid Unicode"),
+        (req("get_relations_out", "x" * 5000), "5000 characters"),
+    ],
+)
+def test_a_malformed_item_is_answered_alone(service, item, words):
+    good = req("get_relations_out", "John F. Kennedy")
+    results = service.retrieve([good, item, good])
+    assert [r["status"] for r in results] == ["success", "format_error", "success"]
+    assert words in results[1]["message"]
+    json.dumps(results).encode("utf-8")  # nothing unencodable is echoed back
+
+
+def test_empty_batch_is_an_empty_answer(service):
+    assert parse_batch([]) == [] and service.retrieve([]) == []
+
+
+def test_relation_given_to_a_relation_listing_is_a_format_error(service):
+    [r] = service.retrieve([req("get_relations_out", "John F. Kennedy", BIRTH)])
+    assert r["status"] == "format_error" and "accepts only one entity argument" in r["message"]
+    [r] = service.retrieve([req("get_tail_relations", "John F. Kennedy", "")])  # empty: ignored, as KG-R1 does
+    assert r["status"] == "success"
+
+
+def test_a_lookup_that_raises_fails_only_its_item(service, monkeypatch):
+    import ragrl.kg.server as server_module
+
+    real = server_module.execute
+
+    def flaky(store, fn, args, limits):
+        if args and args[0] == "explode":
+            raise MemoryError("boom")
+        return real(store, fn, args, limits)
+
+    monkeypatch.setattr(server_module, "execute", flaky)
+    results = service.retrieve([req("get_relations_out", "explode"), req("get_relations_out", "John F. Kennedy")])
+    assert [r["status"] for r in results] == ["internal_error", "success"]
+    assert "MemoryError" in results[0]["message"]
 
 
 # --------------------------------------------------------------------------- real HTTP
@@ -136,7 +177,7 @@ def test_client_chunks_large_batches(server):
         (b"{not json", 400),
         (b"\xff\xfe", 400),
         (json.dumps({"requests": "x"}).encode(), 400),
-        (json.dumps([{"action_type": 7}]).encode(), 400),
+        (b'[{"action_type": "get_relations_out", "sample_id": ' + b"7" * 5000 + b"}]", 400),
         (json.dumps([req("get_relations_out", "x")] * 9).encode(), 413),
         (json.dumps([req("get_relations_out", "x" * 30_000)]).encode(), 413),
     ],
@@ -150,10 +191,19 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, content, stat
     assert httpx.get(f"{server.url}/health", timeout=10).json()["datasets"]["webqsp"]["mode"] == "subgraph"
 
 
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000,
+                                     b'{"requests": ' * 10_000 + b"[]" + b"}" * 10_000])
+def test_deep_nesting_is_a_400_not_a_500(service, content):
+    with BackgroundServer(create_app(KGService(service.sources))) as srv:  # default 4 MiB body limit
+        bad = httpx.post(f"{srv.url}/retrieve", content=content, timeout=10)
+        assert bad.status_code == 400 and "nested too deeply" in bad.json()["error"]
+        assert httpx.post(f"{srv.url}/retrieve", json=[], timeout=10).json() == []
+
+
 def test_client_rejected_request_raises_at_once(server):
     with KGClient(server.url, timeout=10, retries=3, backoff=5.0) as client:
-        with pytest.raises(KGServiceError, match="HTTP 400"):
-            client.retrieve([{"action_type": 7}])
+        with pytest.raises(KGServiceError, match="HTTP 413"):
+            client.retrieve([req("get_relations_out", "x")] * 9)
 
 
 def test_client_retries_transient_failures_then_succeeds():
@@ -182,7 +232,7 @@ def test_client_gives_a_clear_error_when_unreachable():
 def test_client_rejects_malformed_responses():
     client = KGClient("http://kg.invalid", retries=0,
                       transport=httpx.MockTransport(lambda r: httpx.Response(200, json=[{"status": "success"}])))
-    with pytest.raises(KGServiceError, match="lacks"):
+    with pytest.raises(KGServiceError, match="neither our shape"):
         client.retrieve([req("get_relations_out", "a")])
     empty = httpx.MockTransport(lambda r: httpx.Response(200, json=[]))
     client = KGClient("http://kg.invalid", retries=0, transport=empty)
@@ -327,3 +377,16 @@ def test_observation_wrapping_matches_protocol(service):
     wrapped = observation(info)
     assert wrapped.startswith("\n\n<information>get_relations_in(") and wrapped.endswith("</information>\n\n")
     assert forced_answer_prompt().startswith("<information>")
+
+
+def test_kg_dirs_pairs_names_with_paths():
+    from ragrl.kg.server import kg_dirs
+
+    assert kg_dirs(["a"]) == {None: "a"}
+    assert kg_dirs(["a", "b"], ["webqsp", "CWQ"]) == {"webqsp": "a", "CWQ": "b"}
+    with pytest.raises(ValueError, match="name each"):
+        kg_dirs(["a", "b"])
+    with pytest.raises(ValueError, match="1 --dataset-name for 2 --kg"):
+        kg_dirs(["a", "b"], ["webqsp"])
+    with pytest.raises(ValueError, match="must differ"):
+        kg_dirs(["a", "b"], ["cwq", "CWQ"])

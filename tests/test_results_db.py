@@ -446,3 +446,44 @@ def test_duckdb_shell_reads_the_database(built):
     assert printed[0] == ["run_id", "dataset", "value"]
     expected = rows(built, "SELECT run_id, dataset, value FROM leaderboard")
     assert sorted((r[0], r[1]) for r in printed[1:]) == sorted((r[0], r[1]) for r in expected)
+
+
+# --------------------------------------------------------------------------------------------
+# query sandbox (issue 18, F8): a results query reads the results database and nothing else
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "COPY runs TO '{tmp}/x.csv'",
+        "EXPORT DATABASE '{tmp}/export'",
+        "SELECT * FROM read_text('{secret}')",
+        "SELECT * FROM read_csv('{secret}')",
+        "ATTACH '{tmp}/other.duckdb' AS other",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "SET enable_external_access = true",
+        "SET lock_configuration = false",
+    ],
+)
+def test_query_cannot_touch_other_files(built, tmp_path, sql):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not read me\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match="query failed") as err:
+        query(built, sql.format(tmp=tmp_path, secret=secret), fmt="csv", out=tmp_path / "out.csv")
+    assert "\n" not in str(err.value)
+    assert "do not read me" not in str(err.value)
+    if sql.startswith(("COPY", "EXPORT", "SELECT", "ATTACH")):
+        assert "reads the results database only" in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, not even --out
+    assert rows(built, "SELECT count(*) FROM runs") == [(3,)]
+
+
+def test_query_out_still_writes_the_result(built, tmp_path):
+    out = tmp_path / "result.csv"
+    query(built, "SELECT run_id FROM runs ORDER BY run_id", fmt="csv", out=out)
+    assert out.read_text().splitlines()[0] == "run_id" and len(out.read_text().splitlines()) == 4
+    query(built, "SELECT run_id FROM runs", fmt="parquet", out=tmp_path / "r.parquet")
+    assert pq.read_table(tmp_path / "r.parquet").num_rows == 3

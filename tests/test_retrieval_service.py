@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,7 +20,10 @@ from ragrl.retrieval import Hit
 from ragrl.retrieval.client import RetrievalClient, RetrievalError, RetrievalUnavailable
 from ragrl.retrieval.dense import build_faiss_index, embed_shard
 from ragrl.retrieval.searcher import Searcher, load_searcher
-from ragrl.retrieval.service import BackgroundServer, create_app
+from method_clients import SearchR1Client
+
+from ragrl.http_server import HttpLimits
+from ragrl.retrieval.service import DEFAULT_MAX_QUERIES, BackgroundServer, create_app
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_BATCH = 16
@@ -83,18 +87,11 @@ def batching(url: str) -> dict:
 
 
 def search_r1_batch_search(url: str, queries: list[str], topk: int) -> list:
-    payload = {"queries": queries, "topk": topk, "return_scores": True}
-    return httpx.post(url, json=payload, timeout=30).json()["result"]
+    return SearchR1Client(url, topk)._batch_search(queries)["result"]
 
 
 def search_r1_passages2string(retrieval_result: list) -> str:
-    format_reference = ""
-    for idx, doc_item in enumerate(retrieval_result):
-        content = doc_item["document"]["contents"]
-        title = content.split("\n")[0]
-        text = "\n".join(content.split("\n")[1:])
-        format_reference += f"Doc {idx + 1}(Title: {title}) {text}\n"
-    return format_reference
+    return SearchR1Client("")._passages2string(retrieval_result)
 
 
 def test_search_r1_client_gets_the_right_passages(server):
@@ -132,16 +129,20 @@ BAD_REQUESTS = [
     (json.dumps({"topk": 3}).encode(), 400, "'queries'"),
     (json.dumps({"queries": "one string"}).encode(), 400, "list of strings"),
     (json.dumps({"queries": [1, 2]}).encode(), 400, "list of strings"),
-    (json.dumps({"queries": []}).encode(), 400, "empty"),
-    (json.dumps({"queries": ["ok", "   "]}).encode(), 400, "queries[1] is empty"),
-    (json.dumps({"queries": ["ok"], "topk": 0}).encode(), 400, "[1, 10]"),
+    (json.dumps({"queries": ["ok"], "topk": -1}).encode(), 400, "[1, 10]"),
     (json.dumps({"queries": ["ok"], "topk": MAX_TOPK + 1}).encode(), 400, "[1, 10]"),
-    (json.dumps({"queries": ["ok"], "topk": "3"}).encode(), 400, "integer"),
+    (json.dumps({"queries": ["ok"], "topk": "three"}).encode(), 400, "integer"),
     (json.dumps({"queries": ["ok"], "topk": True}).encode(), 400, "integer"),
     (json.dumps({"queries": ["ok"], "topk": 2.5}).encode(), 400, "integer"),
     (json.dumps({"queries": ["ok"], "return_scores": "yes"}).encode(), 400, "return_scores"),
     (json.dumps({"queries": ["x" * 5000]}).encode(), 413, "characters"),
-    (json.dumps({"queries": ["q"] * (MAX_BATCH + 1)}).encode(), 413, "too many queries"),
+    (json.dumps({"queries": ["q"] * (DEFAULT_MAX_QUERIES + 1)}).encode(), 413, "too many queries"),
+    # F5: valid JSON, but no UTF-8 string: the request gets its own 400, never a 500.
+    (b'{"queries": ["good", "abc \\ud800"]}', 400, "queries[1] is not valid Unicode"),
+    # F6: nesting and integers that made json.loads raise past the 400 handler.
+    (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+    (b'{"a": ' * 10_000 + b"1" + b"}" * 10_000, 400, "nested too deeply"),
+    (b'{"queries": ["q"], "topk": ' + b"9" * 5000 + b"}", 400, "not valid JSON"),
 ]
 
 
@@ -273,3 +274,138 @@ def test_client_retries_transient_failures():
     assert client.search(["q"], 1) == [[Hit("d1", "Title", "line one\nline two", 0.5)]]
     assert len(attempts) == 3
     assert json.loads(attempts[-1].content) == {"queries": ["q"], "topk": 1, "return_scores": True}
+
+
+# --- what Search-R1's and RAG-R1's unmodified trainers send (issue 16) --------------------------
+
+
+def test_empty_query_list_is_an_empty_result(server):
+    # Search-R1 searches every turn, also when no trajectory searched; RAG-R1's `<search>,</search>`
+    # splits into no queries at all. Its server answers {"result": []}.
+    response = httpx.post(f"{server.url}/retrieve", json={"queries": [], "topk": 3, "return_scores": True})
+    assert response.status_code == 200 and response.json() == {"result": []}
+
+
+def test_blank_queries_are_searched_and_do_not_fail_the_others(server, searcher):
+    queries = [QUERIES[0], "", "   ", QUERIES[1]]
+    result = search_r1_batch_search(f"{server.url}/retrieve", queries, 2)
+    assert len(result) == 4
+    assert [d["document"]["id"] for d in result[0]] == [h.id for h in searcher.search([QUERIES[0]], 2)[0]]
+    assert [d["document"]["id"] for d in result[3]] == [h.id for h in searcher.search([QUERIES[1]], 2)[0]]
+    # Dense retrieval embeds the blank query like Search-R1's encoder does: it gets documents.
+    assert [d["document"]["id"] for d in result[1]] == [h.id for h in searcher.search([""], 2)[0]]
+    assert len(result[2]) == 2
+
+
+@pytest.mark.parametrize(("topk", "expected"), [(0, 3), (None, 3), ("2", 2), (" 4 ", 4), (2.0, 2)])
+def test_topk_is_read_as_search_r1_reads_it(server, topk, expected):
+    body = {"queries": [QUERIES[0]], "return_scores": True, **({} if topk is None else {"topk": topk})}
+    response = httpx.post(f"{server.url}/retrieve", json=body)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["result"][0]) == expected
+
+
+def test_a_thousand_queries_in_one_request_are_split_into_batches():
+    fake = FakeSearch()
+    with BackgroundServer(create_app(fake, max_batch=64, max_topk=10)) as srv:
+        queries = [f"q{i}" for i in range(1024)]
+        response = httpx.post(f"{srv.url}/retrieve", json={"queries": queries, "topk": 1}, timeout=60)
+        assert response.status_code == 200, response.text[:200]
+        assert [r[0]["id"] for r in response.json()["result"]] == [f"q{i}#0" for i in range(1024)]
+        assert max(n for n, _ in fake.calls) == 64 and sum(n for n, _ in fake.calls) == 1024
+
+
+# --- F5: one bad request never fails the others merged with it --------------------------------------
+
+
+class PickySearch(FakeSearch):
+    """Fails any batch containing a query it cannot handle, as a tokenizer would."""
+
+    def __call__(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        if any("poison" in q for q in queries):
+            self.calls.append((len(queries), topk))
+            raise UnicodeEncodeError("utf-8", "poison", 0, 1, "surrogates not allowed")
+        return super().__call__(queries, topk)
+
+
+def test_bad_request_fails_alone_among_concurrent_good_ones():
+    picky = PickySearch()
+    n_good = 39
+    with BackgroundServer(create_app(picky, max_batch=64, max_topk=10, batch_window_ms=50)) as srv:
+        barrier = threading.Barrier(n_good + 2)
+
+        def send(body: dict) -> httpx.Response:
+            barrier.wait(timeout=30)
+            return httpx.post(f"{srv.url}/retrieve", json=body, timeout=60)
+
+        bodies = [{"queries": [f"good {i}"], "topk": 2} for i in range(n_good)]
+        bodies.append({"queries": ["poison pill"], "topk": 2})  # fails inside the search
+        with ThreadPoolExecutor(max_workers=n_good + 2) as pool:
+            futures = [pool.submit(send, b) for b in bodies]
+            # A lone surrogate, sent raw: rejected before it reaches the shared batch.
+            raw = pool.submit(lambda: (barrier.wait(timeout=30), httpx.post(
+                f"{srv.url}/retrieve", content=b'{"queries": ["abc \\ud800"]}', timeout=60))[1])
+            responses = [f.result() for f in futures]
+        assert [r.status_code for r in responses[:n_good]] == [200] * n_good
+        for i, r in enumerate(responses[:n_good]):
+            assert r.json()["result"][0][0]["id"] == f"good {i}#0"
+        assert responses[-1].status_code == 500 and "UnicodeEncodeError" in responses[-1].json()["error"]
+        assert raw.result().status_code == 400 and "not valid Unicode" in raw.result().json()["error"]
+        assert any(n > 1 for n, _ in picky.calls), "the requests were never merged, so isolation was not tested"
+
+
+# --- F7: body limits while reading, read timeouts ----------------------------------------------------
+
+
+def _raw_exchange(url: str, data: bytes, wait_s: float = 10.0) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
+        sock.sendall(data)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return b"".join(chunks)
+
+
+def test_declared_oversized_body_is_refused_before_reading():
+    limits = HttpLimits(max_body_bytes=1000, header_timeout_s=5, body_timeout_s=5)
+    with BackgroundServer(create_app(FakeSearch(), http_limits=limits)) as srv:
+        # Headers promise 200 MB; only a few bytes follow. The answer must not wait for the rest.
+        head = (b"POST /retrieve HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 200000000\r\n\r\n{\"queries\": [")
+        start = time.monotonic()
+        answer = _raw_exchange(srv.url, head)
+        assert answer.startswith(b"HTTP/1.1 413") and b"limit 1000" in answer
+        assert time.monotonic() - start < 4
+        ok = httpx.post(f"{srv.url}/retrieve", json={"queries": ["fine"], "topk": 1})
+        assert ok.status_code == 200
+
+
+def test_chunked_body_is_cut_off_at_the_limit():
+    limits = HttpLimits(max_body_bytes=10_000)
+    with BackgroundServer(create_app(FakeSearch(), http_limits=limits)) as srv:
+        def chunks():
+            yield b'{"queries": ["'
+            for _ in range(1000):  # 1 MB, far past the limit, in a stream without content-length
+                yield b"x" * 1000
+            yield b'"]}'
+
+        response = httpx.post(f"{srv.url}/retrieve", content=chunks(), headers={"content-type": "application/json"})
+        assert response.status_code == 413 and "limit of 10000 bytes" in response.json()["error"]
+
+
+def test_slow_headers_and_slow_bodies_time_out():
+    limits = HttpLimits(max_body_bytes=10_000, header_timeout_s=0.5, body_timeout_s=0.5)
+    with BackgroundServer(create_app(FakeSearch(), http_limits=limits)) as srv:
+        start = time.monotonic()
+        answer = _raw_exchange(srv.url, b"POST /retrieve HTTP/1.1\r\nhost: x\r\n")  # headers never finish
+        assert answer.startswith(b"HTTP/1.1 408") and b"headers" in answer
+        assert time.monotonic() - start < 5
+        answer = _raw_exchange(srv.url, b"POST /retrieve HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+        assert answer.startswith(b"HTTP/1.1 408") and b"body" in answer
+        assert httpx.post(f"{srv.url}/retrieve", json={"queries": ["fine"], "topk": 1}).status_code == 200
+        health = httpx.get(f"{srv.url}/health").json()["limits"]
+        assert health["max_body_bytes"] == 10_000 and health["header_timeout_s"] == 0.5

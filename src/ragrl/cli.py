@@ -59,7 +59,8 @@ def _cmd_model_check(args: argparse.Namespace) -> None:
 def _cmd_corpus(args: argparse.Namespace) -> None:
     from ragrl.corpus import write_passages
 
-    n = write_passages(args.format, args.inputs, args.out, words=args.words, source=args.source)
+    n = write_passages(args.format, args.inputs, args.out, words=args.words, source=args.source,
+                       strip_title_quotes=args.strip_title_quotes)
     print(f"{n} passages written to {args.out}")
 
 
@@ -111,6 +112,19 @@ def _load_searcher(args: argparse.Namespace):
     return load_searcher(args.index, args.bm25, args.mode)
 
 
+def _http_limit_args(p: argparse.ArgumentParser, max_body_bytes: int) -> None:
+    p.add_argument("--max-body-bytes", type=int, default=max_body_bytes,
+                   help="larger request bodies get 413 before they are read")
+    p.add_argument("--header-timeout-s", type=float, default=10.0, help="request headers must arrive within this")
+    p.add_argument("--body-timeout-s", type=float, default=30.0, help="a request body must arrive within this")
+
+
+def _http_limits(args: argparse.Namespace):
+    from ragrl.http_server import HttpLimits
+
+    return HttpLimits(args.max_body_bytes, args.header_timeout_s, args.body_timeout_s)
+
+
 def _cmd_serve_retriever(args: argparse.Namespace) -> None:
     from ragrl.retrieval.service import serve
 
@@ -118,13 +132,14 @@ def _cmd_serve_retriever(args: argparse.Namespace) -> None:
         raise ValueError("give --index and/or --bm25")
     serve(args.index if args.index is not None else args.bm25, args.host, args.port,
           bm25_dir=args.bm25 if args.index is not None else None, mode=args.mode, max_batch=args.max_batch,
-          max_topk=args.max_topk, batch_window_ms=args.batch_window_ms)
+          max_topk=args.max_topk, max_queries=args.max_queries, batch_window_ms=args.batch_window_ms,
+          http_limits=_http_limits(args))
 
 
 def _cmd_serve_kg(args: argparse.Namespace) -> None:
-    from ragrl.kg.server import serve
+    from ragrl.kg.server import kg_dirs, serve
 
-    serve(args.kg, args.host, args.port, mode=args.mode)
+    serve(kg_dirs(args.kg, args.dataset_name), args.host, args.port, mode=args.mode, http_limits=_http_limits(args))
 
 
 def _cmd_retrieval_eval(args: argparse.Namespace) -> None:
@@ -280,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--words", type=int, default=100, help="passage length in words (kilt)")
     p.add_argument("--source", help="value of the `source` column (default: the format)")
+    p.add_argument("--strip-title-quotes", action="store_true",
+                   help='remove one outer pair of double quotes from titles (wiki-18 writes "Title"); default: keep them')
     p.set_defaults(func=_cmd_corpus)
 
     p = sub.add_parser("qa", help="read a QA set in a public format into the QA parquet")
@@ -318,17 +335,24 @@ def build_parser() -> argparse.ArgumentParser:
     _searcher_args(p)
     p.add_argument("--host", default="127.0.0.1", help="loopback by default: the service has no authentication")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch", type=int, default=64, help="queries gathered into one encode + search")
+    p.add_argument("--max-batch", type=int, default=64, help="queries per encode + search call (larger requests are split)")
+    p.add_argument("--max-queries", type=int, default=4096, help="queries per request (a memory guard)")
     p.add_argument("--max-topk", type=int, default=50)
     p.add_argument("--batch-window-ms", type=float, default=0.0, help="extra wait to gather a batch; 0: batch whatever queued while the last batch ran (fastest here, docs/BENCHMARKS.md)")
+    _http_limit_args(p, 8 * 1024 * 1024)
     p.set_defaults(func=_cmd_serve_retriever)
 
     p = sub.add_parser("serve-kg", help="HTTP KG server (KG-R1's batch POST /retrieve) over a KG directory")
-    p.add_argument("--kg", type=Path, required=True, help="a KG dir: triples parquet (e.g. results/world/kg/A) or the simple KGQA format")
+    p.add_argument("--kg", type=Path, required=True, action="append",
+                   help="a KG dir: triples parquet (e.g. results/world/kg/A) or the simple KGQA format; repeat for several KGs")
+    p.add_argument("--dataset-name", action="append", default=[],
+                   help="the dataset_name requests use for the --kg in the same position (KG-R1 sends e.g. webqsp, "
+                        "CWQ); default: the directory name. With one KG, any dataset_name is accepted")
     p.add_argument("--host", default="127.0.0.1", help="loopback by default: the service has no authentication")
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--mode", choices=["whole", "subgraph"], default="whole",
                    help="whole KG, or each question restricted to its subgraph (as KG-R1 does)")
+    _http_limit_args(p, 4 * 1024 * 1024)
     p.set_defaults(func=_cmd_serve_kg)
 
     retrieval = sub.add_parser("retrieval", help="evaluate and check retrieval").add_subparsers(

@@ -20,7 +20,7 @@ _EXPORTS = {
     "RetrievalResultError": "environments",
     "Retriever": "environments",
     "SearchEnvironment": "environments",
-    "make_environment": "environments",
+    "ClosedBookEnvironment": "environments",
     "GenerationBackendError": "generation",
     "Generator": "generation",
     "HFGenerator": "generation",

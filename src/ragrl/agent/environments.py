@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ragrl.agent.protocol import (
     Action,
     ActionSpec,
     DEFAULT_QUERY_SEPARATORS,
+    RAG_R1_MULTI_QUERY_INSTRUCTION,
     dropped_note,
     format_docs,
     format_multi_docs,
+    format_rag_r1_json,
     invalid_message,
     parse_action,
 )
@@ -116,16 +119,60 @@ class SearchEnvironment:
         return _checked(results, queries, self.topk)
 
 
+@dataclass(frozen=True)
+class MultiQueryFormat:
+    """How a multi-query turn is written and answered: query separators inside one <search>, the
+    observation layout ("grouped": a `Query i:` header per query; "json": RAG-R1's JSON object),
+    and the default prompt that tells the model so (None: the engine's default)."""
+
+    separators: tuple[str, ...]
+    observation: str
+    instruction: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.observation not in OBSERVATION_LAYOUTS:
+            raise ValueError(f"observation must be one of {OBSERVATION_LAYOUTS}, got {self.observation!r}")
+        if not self.separators or not all(isinstance(s, str) and s for s in self.separators):
+            raise ValueError(f"separators must be non-empty strings, got {self.separators!r}")
+
+
+OBSERVATION_LAYOUTS = ("grouped", "json")
+MULTI_QUERY_FORMATS: dict[str, MultiQueryFormat] = {
+    # Ours (the default): "|" or newlines between queries, results grouped under each query.
+    "ragrl": MultiQueryFormat(DEFAULT_QUERY_SEPARATORS, "grouped"),
+    # RAG-R1 (inclusionAI, rag_r1/llm_agent/generation_mq.py): `<search>q1, q2</search>`, answered
+    # with json.dumps({"query": [...], "documents": [...]}, indent=2).
+    "rag_r1": MultiQueryFormat((",",), "json", RAG_R1_MULTI_QUERY_INSTRUCTION),
+}
+
+
+def multi_query_format(preset: str = "ragrl", separators: Sequence[str] | None = None,
+                       observation: str | None = None) -> MultiQueryFormat:
+    """A named preset, with `separators` / `observation` overriding its values when given."""
+    if preset not in MULTI_QUERY_FORMATS:
+        raise ValueError(f"unknown multi-query format {preset!r}; expected one of {sorted(MULTI_QUERY_FORMATS)}")
+    base = MULTI_QUERY_FORMATS[preset]
+    return MultiQueryFormat(tuple(separators) if separators is not None else base.separators,
+                            observation or base.observation, base.instruction)
+
+
 class MultiQuerySearchEnvironment(SearchEnvironment):
     """RAG-R1: up to `max_queries` queries per turn, `<search>q1 | q2</search>` (or one per line, or
-    adjacent `<search>` blocks); extra queries are dropped and the observation says which."""
+    adjacent `<search>` blocks); extra queries are dropped and the observation says which.
+    `query_format` picks the separators and the observation layout (`MULTI_QUERY_FORMATS`;
+    "rag_r1" is RAG-R1's own: commas, JSON)."""
 
     name = "multi_query_search"
 
     def __init__(self, retriever: Retriever, topk: int = 3, max_queries: int = 3,
-                 separators: Sequence[str] = DEFAULT_QUERY_SEPARATORS) -> None:
+                 separators: Sequence[str] | None = None, *, query_format: str | MultiQueryFormat = "ragrl",
+                 observation: str | None = None) -> None:
         self.max_queries = max_queries
-        self.separators = tuple(separators)
+        self.format = (query_format if isinstance(query_format, MultiQueryFormat)
+                       else multi_query_format(query_format, separators, observation))
+        self.separators = self.format.separators
+        # Read by RolloutEngine.prompt_ids when no instruction is configured.
+        self.instruction = self.format.instruction
         super().__init__(retriever, topk)
 
     def _make_spec(self) -> ActionSpec:
@@ -133,8 +180,9 @@ class MultiQuerySearchEnvironment(SearchEnvironment):
                           separators=self.separators)
 
     def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
+        render = format_rag_r1_json if self.format.observation == "json" else format_multi_docs
         # The note goes first: a long observation is truncated from the end.
-        return dropped_note(action.dropped, self.max_queries) + format_multi_docs(action.queries, hits, reserved)
+        return dropped_note(action.dropped, self.max_queries) + render(action.queries, hits, reserved)
 
 
 class ClosedBookEnvironment:

@@ -25,6 +25,7 @@ The parser never raises, whatever the string: a malformed turn becomes an `Actio
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -281,6 +282,26 @@ def format_multi_docs(queries: Sequence[str], hits: Sequence[Sequence[dict]], re
     return "\n".join(groups)
 
 
+def format_rag_r1_json(queries: Sequence[str], hits: Sequence[Sequence[dict]], reserved: Iterable[str] = ()) -> str:
+    """RAG-R1's multi-query observation (`rag_r1/llm_agent/generation_mq.py`, `_passages2string`):
+    `json.dumps({"query": [...], "documents": ["Doc 1: {title}\\n{text}\\nDoc 2: ...", ...]}, indent=2)`,
+    one documents string per query. RAG-R1 truncates each string to its observation token budget;
+    here the whole observation is truncated by the rollout engine instead."""
+    reserved = tuple(reserved)
+    documents = []
+    for per_query in hits:
+        lines = [f"Doc {i}: {_contents(hit, reserved)}" for i, hit in enumerate(per_query, 1)]
+        documents.append("\n".join(lines).strip())
+    if len(documents) != len(queries):
+        raise ValueError(f"{len(documents)} result lists for {len(queries)} queries")
+    return json.dumps({"query": [sanitize(q, reserved) for q in queries], "documents": documents}, indent=2)
+
+
+def _contents(hit: dict, reserved: tuple[str, ...]) -> str:
+    # Search-R1's `contents`: the title line, then the text.
+    return sanitize(f"{_one_line(str(hit.get('title') or ''))}\n{hit['text']}", reserved)
+
+
 def dropped_note(dropped: Sequence[str], max_queries: int) -> str:
     if not dropped:
         return ""
@@ -333,6 +354,18 @@ DEFAULT_MULTI_QUERY_INSTRUCTION = (
     "Answer the given question. Reason step by step inside <think> and </think> every time you "
     "get new information. If you lack some knowledge after reasoning, call a search engine with "
     "up to {max_queries} queries at once, separated by |, as in <search> query 1 | query 2 "
+    "</search>; it returns the top results for each query between <information> and "
+    "</information>. You may search as many times as you need. When no further knowledge is "
+    "needed, give the final answer inside <answer> and </answer>, without explanation, for "
+    "example <answer> Beijing </answer>. Question: {question}\n"
+)
+
+
+# RAG-R1's queries are separated by commas (its generation_mq.py splits on ","), so its prompt says so.
+RAG_R1_MULTI_QUERY_INSTRUCTION = (
+    "Answer the given question. Reason step by step inside <think> and </think> every time you "
+    "get new information. If you lack some knowledge after reasoning, call a search engine with "
+    "up to {max_queries} queries at once, separated by commas, as in <search> query 1, query 2 "
     "</search>; it returns the top results for each query between <information> and "
     "</information>. You may search as many times as you need. When no further knowledge is "
     "needed, give the final answer inside <answer> and </answer>, without explanation, for "

@@ -5,7 +5,8 @@ Contract (parquet): `id, title, text, source`, all strings; the text a model see
 
 - `kilt`: KILT knowledge source jsonl, one Wikipedia page a line, cut into word windows.
 - `dpr`: DPR / wiki-18 tsv (`id\\ttext\\ttitle`, csv-quoted).
-- `flashrag`: FlashRAG / Search-R1 jsonl, `{"id", "contents": "\\"Title\\"\\ntext"}`.
+- `flashrag`: FlashRAG / Search-R1 jsonl, `{"id", "contents": "\\"Title\\"\\ntext"}`; the title
+  line is kept as written, quotes included (`strip_title_quotes` to remove them).
 - `hotpotqa`, `2wikimultihopqa`, `musique`: the paragraphs shipped with those QA sets. They have
   no passage ids, so ids are derived from content: the same paragraph, in any question or split,
   gets the same id, which is what lets QA supporting ids join the corpus.
@@ -278,19 +279,26 @@ def _dpr(path: PathLike, words: int) -> Located:
 
 
 def split_contents(contents: str) -> tuple[str, str]:
-    """FlashRAG `contents` → (title, text): the first line is the title, in wiki-18 quoted."""
+    """FlashRAG `contents` → (title, text): the first line is the title, kept as the corpus has it.
+
+    wiki-18 writes titles in quotes (`"Kessa Bay"`), and Search-R1 shows them to the model that
+    way (`Doc 1(Title: "Kessa Bay") ...`), so the quotes are part of the title unless the reader
+    is told to strip them (`strip_title_quotes`).
+    """
     title, _, text = contents.partition("\n")
-    if len(title) >= 2 and title[0] == title[-1] == '"':
-        title = title[1:-1]
     return title, text
 
 
+def unquote_title(title: str) -> str:
+    """`"Kessa Bay"` → `Kessa Bay`: only one outer pair of double quotes is removed."""
+    return title[1:-1] if len(title) >= 2 and title[0] == title[-1] == '"' else title
+
+
 def format_contents(title: str, text: str) -> str:
-    """Inverse of `split_contents`. Always quoting the title makes titles that themselves start
-    and end with a quote round-trip too."""
+    """Inverse of `split_contents`: the title line as is, then the text."""
     if "\n" in title:
         raise ValueError(f"a title cannot contain a newline in the flashrag format: {title!r}")
-    return f'"{title}"\n{text}'
+    return f"{title}\n{text}"
 
 
 def _flashrag(path: PathLike, words: int) -> Located:
@@ -402,6 +410,13 @@ def _located(fmt: str) -> Callable[[PathLike, int], Located]:
         raise ValueError(f"unknown corpus format {fmt!r}; expected one of {', '.join(CORPUS_FORMATS)}") from None
 
 
+def _unquoted_titles(located: Iterable[tuple]) -> Iterator[tuple]:
+    """Located items (tuples ending in a passage) with `unquote_title` applied to each title."""
+    for item in located:
+        item[-1]["title"] = unquote_title(item[-1]["title"])
+        yield item
+
+
 def _first_occurrences(located: Iterable[tuple]) -> Iterator[tuple]:
     """Keep the first of located items (tuples ending in a passage) sharing a passage id."""
     seen: set[str] = set()
@@ -416,18 +431,22 @@ def _first_occurrences(located: Iterable[tuple]) -> Iterator[tuple]:
 
 
 def read_passages(
-    fmt: str, path: PathLike, *, words: int = DEFAULT_WORDS, source: str | None = None
+    fmt: str, path: PathLike, *, words: int = DEFAULT_WORDS, source: str | None = None,
+    strip_title_quotes: bool = False,
 ) -> Iterator[Passage]:
     """Passage dicts (`id, title, text, source`) from one file in format `fmt`.
 
     `words` is the window size for `kilt` (ignored by formats that come already split). `source`
-    defaults to the format name. Content-addressed formats yield each paragraph once.
+    defaults to the format name. Content-addressed formats yield each paragraph once. Titles are
+    kept as the corpus writes them; `strip_title_quotes` removes one outer pair of double quotes.
     """
     # Validated here rather than inside a generator, so a typo fails at the call, not at the
     # first iteration somewhere downstream.
     reader = _located(fmt)
     check_window(words)
     located = reader(path, words)
+    if strip_title_quotes:
+        located = _unquoted_titles(located)
     if fmt in CONTENT_ADDRESSED:
         located = _first_occurrences(located)
     return _labelled(located, fmt if source is None else source)
@@ -528,6 +547,7 @@ def write_passages(
     words: int = DEFAULT_WORDS,
     source: str | None = None,
     batch_rows: int = 50_000,
+    strip_title_quotes: bool = False,
 ) -> int:
     """Read all `inputs` (format `fmt`) into one passages parquet at `out_path`; return its rows.
 
@@ -542,6 +562,8 @@ def write_passages(
         raise ValueError("write_passages needs at least one input file")
     label = fmt if source is None else source
     located = _located_inputs(fmt, inputs, words)
+    if strip_title_quotes:
+        located = _unquoted_titles(located)
     if fmt in CONTENT_ADDRESSED:
         located = _first_occurrences(located)
     ledger = None if fmt in CONTENT_ADDRESSED else _IdLedger()

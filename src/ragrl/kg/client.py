@@ -1,5 +1,11 @@
 """HTTP client for the KG server (ours or KG-R1's: the same `/retrieve` request shape).
 
+Results come back in our shape (`status`, `message`, ...) whichever server answered. A KG-R1
+server's item (`object: "kg_retrieval"`, `choices[0].message.content`, `kg_metadata.error_type`)
+is translated: its error type becomes our status, and the message gets our status marker (the
+"Entity not found: " prefix, or the echoed call for a success) in front of KG-R1's text, because
+our per-turn rewards classify an observation by that marker (`ops.status_of_message`).
+
 As with the retrieval client, a failure is never turned into empty observations: transient
 failures (connection errors, timeouts, 429/502/503/504) are retried with exponential backoff and
 then raise `KGServiceUnavailable` naming the URL; a rejected request (other 4xx/5xx) raises
@@ -14,6 +20,19 @@ from typing import Any
 import httpx
 
 from ragrl.http_retry import request_with_retries
+from ragrl.kg.ops import MESSAGE_PREFIX, OPERATIONS, Status, canonical_name, format_call
+
+# KG-R1's error types (kg_r1/search/error_types.py) -> our statuses. KG_SERVER_ERROR (unknown
+# dataset or action) is a pipeline problem, so it maps to a status the environment raises on.
+FROM_KG_R1 = {
+    "KG_SUCCESS": Status.SUCCESS,
+    "KG_FORMAT_ERROR": Status.FORMAT_ERROR,
+    "KG_ENTITY_NOT_FOUND": Status.ENTITY_NOT_FOUND,
+    "KG_RELATION_NOT_FOUND": Status.RELATION_NOT_FOUND,
+    "KG_NO_RESULTS": Status.NO_RESULTS,
+    "KG_SAMPLE_NOT_FOUND": Status.SAMPLE_NOT_FOUND,
+    "KG_SERVER_ERROR": Status.INTERNAL_ERROR,
+}
 
 
 
@@ -64,15 +83,49 @@ class KGClient:
             if not isinstance(results, list) or len(results) != len(chunk):
                 got = len(results) if isinstance(results, list) else type(results).__name__
                 raise KGServiceError(f"{self.url}/retrieve returned {got} results for {len(chunk)} requests")
-            for i, item in enumerate(results):
-                if not (isinstance(item, dict) and isinstance(item.get("status"), str)
-                        and isinstance(item.get("message"), str)):
-                    raise KGServiceError(f"{self.url}/retrieve result {start + i} lacks 'status'/'message': "
-                                         f"{str(item)[:200]}")
-            out.extend(results)
+            for i, (request, item) in enumerate(zip(chunk, results)):
+                ours = as_our_result(item, request)
+                if ours is None:
+                    raise KGServiceError(f"{self.url}/retrieve result {start + i} is neither our shape "
+                                         f"('status'/'message') nor KG-R1's: {str(item)[:200]}")
+                out.append(ours)
         return out
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return request_with_retries(self._http, method, self.url + path, retries=self.retries, backoff=self.backoff,
                                     max_backoff=self.max_backoff, rejected=KGServiceError, unavailable=KGServiceUnavailable,
                                     service="KG server", **kwargs)
+
+
+def as_our_result(item: Any, request: dict[str, Any]) -> dict[str, Any] | None:
+    """A result item in our shape, from ours (kept as is) or KG-R1's; None if it is neither."""
+    if not isinstance(item, dict):
+        return None
+    if isinstance(item.get("status"), str) and isinstance(item.get("message"), str):
+        return item
+    if item.get("object") != "kg_retrieval":
+        return None
+    meta = item.get("kg_metadata") if isinstance(item.get("kg_metadata"), dict) else {}
+    choices = item.get("choices")
+    try:
+        content = choices[0]["message"]["content"]
+    except (TypeError, LookupError):
+        return None
+    if not isinstance(content, str):
+        return None
+    status = FROM_KG_R1.get(meta.get("error_type"))
+    if status is None:  # an older KG-R1 without error types: only `success` to go by
+        status = Status.SUCCESS if item.get("success") else Status.NO_RESULTS
+    action = str(request.get("action_type") or item.get("action") or "")
+    return {"status": status.value, "message": _marked(status, content, action, request), "results": [],
+            "total": 0, "action_type": action}
+
+
+def _marked(status: Status, content: str, action: str, request: dict[str, Any]) -> str:
+    if status is not Status.SUCCESS:
+        prefix = MESSAGE_PREFIX[status]
+        return content if content.startswith(prefix) else prefix + content
+    fn = canonical_name(action)
+    arity = OPERATIONS[fn].arity if fn else 2
+    args = [str(a) for a in (request.get("entity_id"), request.get("relation"))[:arity] if a is not None]
+    return f"{format_call(action.strip().lower(), *args)}:\n{content}"

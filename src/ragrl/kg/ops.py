@@ -35,10 +35,12 @@ class Status(StrEnum):
     # Not the model's doing: the request named a dataset or question the server does not have.
     DATASET_NOT_FOUND = "dataset_not_found"
     SAMPLE_NOT_FOUND = "sample_not_found"
+    # A lookup that raised: a server bug, reported for its item only.
+    INTERNAL_ERROR = "internal_error"
 
 
 # Statuses that mean the pipeline, not the policy, is wrong; environments raise on these.
-BACKEND_ERRORS = frozenset({Status.DATASET_NOT_FOUND, Status.SAMPLE_NOT_FOUND})
+BACKEND_ERRORS = frozenset({Status.DATASET_NOT_FOUND, Status.SAMPLE_NOT_FOUND, Status.INTERNAL_ERROR})
 
 MESSAGE_PREFIX = {
     Status.FORMAT_ERROR: "Format error: ",
@@ -47,6 +49,7 @@ MESSAGE_PREFIX = {
     Status.NO_RESULTS: "No results: ",
     Status.DATASET_NOT_FOUND: "Server error: ",
     Status.SAMPLE_NOT_FOUND: "Server error: ",
+    Status.INTERNAL_ERROR: "Server error: ",
 }
 # Success messages echo the call, so they start with the function name.
 SUCCESS_PREFIX = "get_"
@@ -123,6 +126,9 @@ def _q(text: str, limit: int = 80) -> str:
 
 def _call(op: str, *args: str) -> str:
     return f"{op}({', '.join(_q(a) for a in args)})"
+
+
+format_call = _call  # public: clients that rebuild a success message echo the call the same way
 
 
 def _listing(items: Sequence[str], cap: int) -> str:

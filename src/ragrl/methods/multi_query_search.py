@@ -8,16 +8,32 @@ routes are the search method's.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ragrl.methods import Method
 from ragrl.methods import search
 
 
+@dataclass(frozen=True)
+class MultiQueryOptions:
+    # How queries are separated and observations laid out: "ragrl" (`q1 | q2`, documents grouped
+    # per query) or "rag_r1" (RAG-R1's own: `q1, q2`, JSON with `query` and `documents`, its prompt).
+    query_format: str = "ragrl"
+
+    def __post_init__(self) -> None:
+        from ragrl.agent.environments import MULTI_QUERY_FORMATS
+
+        if self.query_format not in MULTI_QUERY_FORMATS:
+            raise ValueError(f"query_format {self.query_format!r} is not one of {sorted(MULTI_QUERY_FORMATS)}")
+
+
 def make_environment(recipe, backends: Mapping[str, Any]):
     from ragrl.agent.environments import MultiQuerySearchEnvironment
 
-    return MultiQuerySearchEnvironment(search.retriever_of(backends), recipe.topk, recipe.max_queries)
+    fmt = recipe.options.query_format if recipe.options is not None else "ragrl"
+    return MultiQuerySearchEnvironment(search.retriever_of(backends), recipe.topk, recipe.max_queries,
+                                       query_format=fmt)
 
 
 METHOD = Method(
@@ -28,6 +44,7 @@ METHOD = Method(
     inputs=("retriever",),
     reward_keys=search.REWARD_KEYS,
     default_reward={"em": 1.0},
+    options=MultiQueryOptions,
     gold_sft=search.gold_sft,
     gold_sft_reason=search.world_gold_reason,
     text_reward=search.text_reward,

@@ -63,7 +63,11 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     from ragrl.toy.gold import WorldPlanner
     from ragrl.train.sft_data import gold_sft_stage
 
-    return gold_sft_stage(qa, policy, env, WorldPlanner(recipe.seed), out, rollout_cfg=recipe.rollout, limit=limit)
+    # Parallel queries are written with the environment's own separator, so they split back as planned.
+    separator = getattr(env, "separators", ("|",))[0]
+    joiner = f" {separator} " if separator == "|" else f"{separator} "
+    return gold_sft_stage(qa, policy, env, WorldPlanner(recipe.seed, joiner), out, rollout_cfg=recipe.rollout,
+                          limit=limit)
 
 
 METHOD = Method(

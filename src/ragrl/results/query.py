@@ -1,7 +1,11 @@
 """Read-only access to the results database, and the SQL quoting helpers the other modules use.
 
-`query()` is what `ragrl results query` runs: it opens the DuckDB file read-only (so a query can
-never damage the database the workflow built), runs one SQL text and prints or writes the result.
+`query()` is what `ragrl query` runs: it opens the DuckDB file read-only (so a query can never
+damage the database the workflow built) and sandboxed, runs one SQL text and prints or writes the
+result. Sandboxed: external access is off and the configuration is locked (`SANDBOX`), so a query
+reads the results database and nothing else: `COPY ... TO`, `EXPORT DATABASE`, `read_text` /
+`read_csv` of other files, `ATTACH`, `INSTALL` / `LOAD` fail with DuckDB's permission error, and
+`SET` cannot turn access back on. Writing the result is `query()`'s job (`out`), not SQL's.
 
 Output formats:
 
@@ -88,12 +92,23 @@ def one_line(exc: BaseException) -> str:
 # connections
 # --------------------------------------------------------------------------------------------
 
+# DuckDB settings for every read-only connection: no files, extensions or network beyond the
+# database itself, and no SET/PRAGMA that could undo that.
+SANDBOX = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "lock_configuration": True,
+}
+
+
 def connect_read_only(db_path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
+    """The results database, read-only and sandboxed (`SANDBOX`)."""
     path = Path(db_path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: results database not found")
     try:
-        return duckdb.connect(str(path), read_only=True)
+        return duckdb.connect(str(path), read_only=True, config=dict(SANDBOX))
     except duckdb.Error as exc:
         raise ValueError(f"{path}: cannot open results database: {one_line(exc)}") from exc
 
@@ -216,6 +231,9 @@ def query(db_path: str | os.PathLike, sql: str, fmt: str = "table",
             else:
                 columns, types, arrow = list(rel.columns), [str(t) for t in rel.types], None
                 rows = rel.fetchall()
+        except duckdb.PermissionException as exc:
+            raise ValueError(f"query failed: {one_line(exc)} (ragrl query reads the results database only; "
+                             "use --out to write the result)") from exc
         except duckdb.Error as exc:
             raise ValueError(f"query failed: {one_line(exc)}") from exc
     finally:

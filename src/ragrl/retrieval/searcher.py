@@ -107,12 +107,10 @@ class Searcher:
         if self.mode == "dense":
             ranked = _ranked(*self.dense.search(queries, topk))
         elif self.mode == "bm25":
-            ranked = _ranked(*self.bm25.search(queries, topk))
+            ranked = _matching(_ranked(*self.bm25.search(queries, topk)))
         else:
             depth = max(topk, self.fusion_depth)
-            # BM25 pads with zero-score rows (no query term at all); in fusion those would vote for
-            # whatever rows come first in the corpus, so only real matches take part.
-            lexical = [[(r, s) for r, s in per_q if s > 0] for per_q in _ranked(*self.bm25.search(queries, depth))]
+            lexical = _matching(_ranked(*self.bm25.search(queries, depth)))
             ranked = rrf([_ranked(*self.dense.search(queries, depth)), lexical], topk, self.rrf_k)
         return self._hits(ranked)
 
@@ -143,6 +141,13 @@ class Searcher:
 def _ranked(scores: np.ndarray, rows: np.ndarray) -> Ranked:
     # faiss pads with -1 when an approximate index finds fewer than k neighbours.
     return [[(int(r), float(s)) for s, r in zip(sc, rw) if r >= 0] for sc, rw in zip(scores, rows)]
+
+
+def _matching(ranked: Ranked) -> Ranked:
+    """BM25 rows that match at least one query term. BM25 pads with zero-score rows (whatever rows
+    come first in the corpus); a blank or unmatched query gets no hits, as from Search-R1's
+    pyserini server, and in fusion the padding must not vote."""
+    return [[(r, s) for r, s in per_q if s > 0] for per_q in ranked]
 
 
 def rrf(rankings: Sequence[Ranked], topk: int, k: int = RRF_K) -> Ranked:

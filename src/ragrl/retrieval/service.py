@@ -9,14 +9,27 @@ During RL rollouts many workers each send a few queries at once. Encoding and se
 request at a time wastes the GPU/BLAS on tiny batches, so requests are micro-batched: a single
 worker task gathers whatever arrives within `batch_window_ms` (up to `max_batch` queries) and runs
 one search for all of it in a worker thread, leaving the event loop free to accept more requests.
+
+Where Search-R1's own server (`search_r1/search/retrieval_server.py`) and this one agree, a
+Search-R1 or RAG-R1 trainer works unchanged:
+- an empty query list answers `{"result": []}` (its trainer searches every turn, even when no
+  trajectory searched);
+- an empty or blank query is searched like any other (dense: the encoder's embedding of the bare
+  prefix; BM25: no terms, so no hits) and never fails the other queries of its request;
+- `topk` missing, null or 0 means the server's default (3); a numeric string ("5") is read as a
+  number, as pydantic does there;
+- a request may carry thousands of queries (Search-R1 sends batch x group size at once); they are
+  searched in chunks of `max_batch`, and `max_queries` (4096) is only a memory guard.
+Deliberately stricter: a negative or too large `topk`, a `topk` of true/false, a query over
+`max_query_chars`, or a query that is not valid Unicode (a lone surrogate) is a 4xx naming the
+field, where Search-R1 would crash with a 500 or search nonsense.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,11 +41,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from ragrl.http_server import BackgroundServer, BadBody, HttpLimits, parse_json_body, unencodable_at
+from ragrl.http_server import run as run_http
 from ragrl.retrieval import Hit
 from ragrl.retrieval.searcher import Searcher, load_searcher
 
 DEFAULT_PORT = 8000  # Search-R1's retrieval_server default
 DEFAULT_TOPK = 3  # Search-R1's default retrieval_topk, used when a request omits topk
+DEFAULT_MAX_QUERIES = 4096  # per request: a memory guard, far above Search-R1's batch x group size
+_INT_TEXT = re.compile(r"\s*[+-]?\d{1,9}\s*")
 # How often the batch collector looks at the queue while its window is open.
 _POLL_S = 0.001
 
@@ -47,10 +64,10 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    max_batch: int = 64
+    max_batch: int = 64  # queries per search call (one encode + one index search)
     max_topk: int = 50
     max_query_chars: int = 4096
-    max_queries: int = 64  # per request; a request never has to be split across batches
+    max_queries: int = DEFAULT_MAX_QUERIES  # per request; larger requests are split into max_batch chunks
     default_topk: int = DEFAULT_TOPK
 
 
@@ -62,27 +79,35 @@ def parse_request(body: Any, limits: Limits) -> tuple[list[str], int, bool]:
     queries = body.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise RequestError("'queries' must be a list of strings")
-    if not queries:
-        raise RequestError("'queries' is empty")
     if len(queries) > limits.max_queries:
         raise RequestError(f"too many queries: {len(queries)} > {limits.max_queries} per request", 413)
     for i, q in enumerate(queries):
-        if not q.strip():
-            raise RequestError(f"queries[{i}] is empty")
         if len(q) > limits.max_query_chars:
             raise RequestError(f"queries[{i}] has {len(q)} characters, limit {limits.max_query_chars}", 413)
-    topk = body.get("topk")
-    if topk is None:
-        topk = limits.default_topk
-    # bool is an int subclass in Python; `"topk": true` is a client bug, not topk=1.
-    if isinstance(topk, bool) or not isinstance(topk, int):
-        raise RequestError(f"'topk' must be an integer, got {json.dumps(topk)}")
-    if not 1 <= topk <= limits.max_topk:
-        raise RequestError(f"'topk' must be in [1, {limits.max_topk}], got {topk}")
+        if (at := unencodable_at(q)) is not None:
+            raise RequestError(f"queries[{i}] is not valid Unicode (lone surrogate at character {at})")
+    topk = parse_topk(body.get("topk"), limits)
     return_scores = body.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise RequestError(f"'return_scores' must be true or false, got {json.dumps(return_scores)}")
     return queries, topk, return_scores
+
+
+def parse_topk(topk: Any, limits: Limits) -> int:
+    """Search-R1's reading of `topk`: null/0 -> the default, integral numbers and numeric strings
+    as numbers (pydantic's lax int); the range check is ours."""
+    if isinstance(topk, str) and _INT_TEXT.fullmatch(topk):
+        topk = int(topk)
+    elif isinstance(topk, float) and topk.is_integer():
+        topk = int(topk)
+    # bool is an int subclass in Python; `"topk": true` is a client bug, not topk=1.
+    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int)):
+        raise RequestError(f"'topk' must be an integer, got {json.dumps(topk)[:40]}")
+    if not topk:
+        return limits.default_topk
+    if not 1 <= topk <= limits.max_topk:
+        raise RequestError(f"'topk' must be in [1, {limits.max_topk}] (0 or null: default {limits.default_topk}), got {topk}")
+    return topk
 
 
 def format_result(hits: list[list[Hit]], return_scores: bool) -> dict[str, Any]:
@@ -169,23 +194,39 @@ class MicroBatcher:
         # rankings do not depend on topk beyond truncation).
         topk = max(p.topk for p in batch)
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, self.search, queries, topk)
-        except Exception as exc:  # noqa: BLE001 - relayed to every waiting request as a 500
+            results = await self._search_chunked(queries, topk)
+        except Exception as exc:  # noqa: BLE001 - isolated below, or relayed as a 500
+            if len(batch) > 1:
+                # One request's queries must not fail the others merged with it: search each alone.
+                await asyncio.gather(*(self._execute([p]) for p in batch))
+                return
             self.stats["errors"] += 1
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
+            if not batch[0].future.done():
+                batch[0].future.set_exception(exc)
             return
         self.stats["batches"] += 1
         self.stats["requests"] += len(batch)
         self.stats["queries"] += len(queries)
-        self.stats["largest_batch_queries"] = max(self.stats["largest_batch_queries"], len(queries))
         start = 0
         for p in batch:
             part = results[start : start + len(p.queries)]
             start += len(p.queries)
             if not p.future.done():  # the client may have gone away
                 p.future.set_result([hits[: p.topk] for hits in part])
+
+    async def _search_chunked(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        """Search in calls of at most max_batch queries: a 4096-query request must not become one
+        4096-row encode (memory), and the calls run one after another on the search thread."""
+        loop = asyncio.get_running_loop()
+        results: list[list[Hit]] = []
+        for start in range(0, len(queries), self.max_batch):
+            chunk = queries[start : start + self.max_batch]
+            part = await loop.run_in_executor(self._executor, self.search, chunk, topk)
+            if len(part) != len(chunk):
+                raise RuntimeError(f"search returned {len(part)} result lists for {len(chunk)} queries")
+            self.stats["largest_batch_queries"] = max(self.stats["largest_batch_queries"], len(chunk))
+            results.extend(part)
+        return results
 
 
 def create_app(
@@ -195,17 +236,18 @@ def create_app(
     batch_window_ms: float = 0.0,
     *,
     max_query_chars: int = 4096,
-    max_queries: int | None = None,
+    max_queries: int = DEFAULT_MAX_QUERIES,
     default_topk: int = DEFAULT_TOPK,
+    http_limits: HttpLimits = HttpLimits(),
 ) -> FastAPI:
     """The FastAPI app. `searcher` is a Searcher or any `search(queries, topk)` callable."""
-    if max_batch < 1 or max_topk < 1 or batch_window_ms < 0:
-        raise ValueError("max_batch and max_topk must be >= 1 and batch_window_ms >= 0")
+    if max_batch < 1 or max_topk < 1 or batch_window_ms < 0 or max_queries < 1:
+        raise ValueError("max_batch, max_topk and max_queries must be >= 1 and batch_window_ms >= 0")
     limits = Limits(
         max_batch=max_batch,
         max_topk=max_topk,
         max_query_chars=max_query_chars,
-        max_queries=min(max_queries or max_batch, max_batch),
+        max_queries=max_queries,
         default_topk=min(default_topk, max_topk),
     )
     search = searcher.search if isinstance(searcher, Searcher) else searcher
@@ -219,6 +261,7 @@ def create_app(
 
     app = FastAPI(title="ragrl retrieval", lifespan=lifespan)
     app.state.batcher = batcher
+    app.state.http_limits = http_limits
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -226,20 +269,19 @@ def create_app(
             "status": "ok",
             **info,
             "limits": {"max_batch": max_batch, "max_topk": max_topk, "max_queries": limits.max_queries,
-                       "max_query_chars": max_query_chars, "batch_window_ms": batch_window_ms},
+                       "max_query_chars": max_query_chars, "default_topk": limits.default_topk,
+                       "batch_window_ms": batch_window_ms, **http_limits.as_dict()},
             "batching": dict(batcher.stats),
         }
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> JSONResponse:
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"request body is not valid JSON: {exc}")
-        try:
-            queries, topk, return_scores = parse_request(body, limits)
-        except RequestError as exc:
+            queries, topk, return_scores = parse_request(parse_json_body(await request.body()), limits)
+        except (BadBody, RequestError) as exc:
             return _error(exc.status, str(exc))
+        if not queries:
+            return JSONResponse({"result": []})  # Search-R1's answer; its trainer asks every turn
         try:
             hits = await batcher.submit(queries, topk)
         except Exception as exc:  # noqa: BLE001 - one failed search must not take the server down
@@ -262,55 +304,19 @@ def serve(
     mode: str | None = None,
     max_batch: int = 64,
     max_topk: int = 50,
+    max_queries: int = DEFAULT_MAX_QUERIES,
     batch_window_ms: float = 0.0,
+    http_limits: HttpLimits = HttpLimits(),
     log_level: str = "info",
     **searcher_kwargs: Any,
 ) -> None:
     """Load the index(es) and serve until interrupted. Binds loopback unless told otherwise: the
     service has no authentication."""
-    import uvicorn
-
     searcher = load_searcher(index_dir, bm25_dir, mode, **searcher_kwargs)
-    app = create_app(searcher, max_batch=max_batch, max_topk=max_topk, batch_window_ms=batch_window_ms)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1)
+    app = create_app(searcher, max_batch=max_batch, max_topk=max_topk, batch_window_ms=batch_window_ms,
+                     max_queries=max_queries, http_limits=http_limits)
+    run_http(app, http_limits, host, port, log_level)
 
 
-class BackgroundServer:
-    """Runs an app under uvicorn in a daemon thread (tests, or a trainer hosting its own retriever).
-
-    Binds the socket itself, so port=0 gives a free ephemeral port with no race to find one.
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        import uvicorn
-
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = self._sock.getsockname()[:2]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> BackgroundServer:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"retrieval server at {self.url} did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.server.should_exit = True
-        self._thread.join(timeout)
-        self._sock.close()
-
-    def __enter__(self) -> BackgroundServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+__all__ = ["BackgroundServer", "Limits", "MicroBatcher", "RequestError", "create_app", "parse_request",
+           "parse_topk", "serve"]

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from ragrl.agent.protocol import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
-    INFO_CLOSE,
-    INFO_OPEN,
     KG_CLOSE,
     KG_OPEN,
     PROTOCOL_TAGS,
@@ -41,7 +39,7 @@ from ragrl.agent.protocol import (
 from ragrl.kg.environment import KG_SPEC
 from ragrl.kg.ops import Status, status_of_message
 from ragrl.kg.query_parser import KGQuery, parse_query
-from ragrl.rewards.qa import extract_answer, format_reward, normalize_answer
+from ragrl.rewards.qa import extract_answer, format_reward, normalize_answer, split_observations
 
 # KG-R1's defaults (turn_format_score 0.15, turn_kg_query_validity 0.1, turn_is_answer_score 0.1;
 # global exact_match 0.3 — here entity F1 —, retrieval_quality 0.4; turn advantage weight 0.5).
@@ -50,7 +48,6 @@ DEFAULT_GLOBAL_WEIGHTS: dict[str, float] = {"f1": 0.3, "retrieval": 0.4}
 TURN_KEYS = ("format", "query", "answer")
 GLOBAL_KEYS = ("f1", "hits1", "retrieval", "format")
 
-_INFO_BLOCK = re.compile(re.escape(INFO_OPEN) + r"(.*?)" + re.escape(INFO_CLOSE), re.S)
 _ANY_TAG = re.compile("|".join(re.escape(t) for t in PROTOCOL_TAGS))
 # Answer items: "|", ";" or newlines always separate; a comma separates unless it sits between
 # digits ("1,234,000") or the comma-containing piece is itself a gold name ("Washington, D.C.").
@@ -77,7 +74,7 @@ def split_turns(response_text: str) -> list[KGTurn]:
     notice is not a turn, and neither is a whitespace-only tail after the last observation (a
     trajectory stopped by a length limit generated nothing there).
     """
-    pieces = _INFO_BLOCK.split(response_text)
+    pieces = split_observations(response_text)
     texts, infos = pieces[0::2], pieces[1::2]
     turns: list[KGTurn] = []
     for i, text in enumerate(texts):
@@ -219,7 +216,7 @@ def hits_at_1(answer: str | None, golds: Iterable[Mapping[str, object] | str]) -
 
 def observations(response_text: str) -> list[str]:
     """Contents of the <information> blocks of a response, in order."""
-    return [m.group(1) for m in _INFO_BLOCK.finditer(response_text)]
+    return split_observations(response_text)[1::2]
 
 
 def retrieval_hit(observation_texts: Iterable[str], golds: Iterable[Mapping[str, object] | str]) -> float:

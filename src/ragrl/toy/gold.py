@@ -19,15 +19,17 @@ from ragrl.train.sft_data import GoldPlan, Hop
 
 @dataclass(frozen=True)
 class WorldPlanner:
-    """`seed` varies which question template each hop's query uses (reproducibly)."""
+    """`seed` varies which question template each hop's query uses (reproducibly); `joiner` puts
+    a parallel turn's queries together as the environment splits them (RAG-R1's preset: ", ")."""
 
     seed: int = 0
+    joiner: str = " | "
 
     def plan(self, row: dict, multi_query: bool, max_queries: int = 1) -> GoldPlan:
         return plan_row(row, multi_query, max_queries, self.seed)
 
     def search_text(self, plan: GoldPlan, turn: int) -> str:
-        return search_text(plan, turn)
+        return search_text(plan, turn, self.joiner)
 
     def answer_text(self, plan: GoldPlan) -> str:
         return answer_text(plan)
@@ -63,12 +65,12 @@ def _fact(hop: Hop) -> str:
     return RELATION_BY_KEY[hop.relation].sentences[0].format(h=hop.head, t=hop.tail)
 
 
-def search_text(plan: GoldPlan, turn: int) -> str:
+def search_text(plan: GoldPlan, turn: int, joiner: str = " | ") -> str:
     hops = [plan.hops[i] for i in plan.turns[turn]]
     known = [_fact(plan.hops[i]) for t in plan.turns[:turn] for i in t]
     need = " and ".join(h.query for h in hops)
     thought = f"I need to find out: {need}" if not known else f"{' '.join(known)} Next I need to find out: {need}"
-    return f"{THINK_OPEN}{thought}{THINK_CLOSE}\n{SEARCH_OPEN}{' | '.join(h.query for h in hops)}{SEARCH_CLOSE}"
+    return f"{THINK_OPEN}{thought}{THINK_CLOSE}\n{SEARCH_OPEN}{joiner.join(h.query for h in hops)}{SEARCH_CLOSE}"
 
 
 def answer_text(plan: GoldPlan) -> str:
