@@ -101,6 +101,8 @@ def _searcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, help="dense index dir (from `ragrl index build`)")
     p.add_argument("--bm25", type=Path, help="BM25 index dir (from `ragrl index bm25`)")
     p.add_argument("--mode", choices=["dense", "bm25", "hybrid"], help="default: what the given dirs allow")
+    p.add_argument("--passages", type=Path,
+                   help="passages parquet (default: the one the index's meta.json records)")
 
 
 def _load_searcher(args: argparse.Namespace):
@@ -108,7 +110,7 @@ def _load_searcher(args: argparse.Namespace):
 
     if args.index is None and args.bm25 is None:
         raise ValueError("give --index and/or --bm25")
-    return load_searcher(args.index, args.bm25, args.mode)
+    return load_searcher(args.index, args.bm25, args.mode, passages=args.passages)
 
 
 def _cmd_serve_retriever(args: argparse.Namespace) -> None:
@@ -118,7 +120,7 @@ def _cmd_serve_retriever(args: argparse.Namespace) -> None:
         raise ValueError("give --index and/or --bm25")
     serve(args.index if args.index is not None else args.bm25, args.host, args.port,
           bm25_dir=args.bm25 if args.index is not None else None, mode=args.mode, max_batch=args.max_batch,
-          max_topk=args.max_topk, batch_window_ms=args.batch_window_ms)
+          max_topk=args.max_topk, batch_window_ms=args.batch_window_ms, passages=args.passages)
 
 
 def _cmd_serve_kg(args: argparse.Namespace) -> None:
@@ -172,7 +174,7 @@ def _agent_retriever(args: argparse.Namespace, recipe):
         return load_kg_backend(args.kg, args.kg_mode, args.kg_url)
     from ragrl.stages.search_agent import load_retriever
 
-    return load_retriever(args.index, args.bm25, args.mode)
+    return load_retriever(args.index, args.bm25, args.mode, passages=args.passages)
 
 
 def _agent_stages(recipe):

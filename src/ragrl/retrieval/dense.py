@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragrl.io import atomic_dir, atomic_path, write_json
+from ragrl.paths import relative_to_dir
 from ragrl.progress import progress
 from ragrl.retrieval.encoder import Encoder, passage_contents
 
@@ -314,6 +315,8 @@ def build_faiss_index(
         # Peak of the whole process so far (Linux reports KiB); in a one-rule job that is the build.
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    if meta.get("passages"):
+        meta["passages"] = relative_to_dir(meta["passages"], out_dir)
     with atomic_dir(out_dir) as tmp:
         faiss.write_index(index, str(tmp / INDEX_FILE))
         write_json(meta, tmp / META_FILE)

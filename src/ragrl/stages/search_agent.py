@@ -12,13 +12,13 @@ from ragrl.recipe import Recipe, sft_args
 from ragrl.stages.agent_rl import group_rollouts, train_agent
 
 
-def load_retriever(index: Path | None, bm25: Path | None, mode: str | None):
+def load_retriever(index: Path | None, bm25: Path | None, mode: str | None, passages: Path | None = None):
     """In-process search over the workflow's indexes; None when the recipe does not search."""
     if index is None and bm25 is None:
         return None
     from ragrl.retrieval.searcher import load_searcher
 
-    return load_searcher(index, bm25, mode)
+    return load_searcher(index, bm25, mode, passages=passages)
 
 
 def sft_data(recipe: Recipe, qa: Path, policy: Path, retriever, out: Path, limit: int | None = None) -> dict:
