@@ -214,8 +214,10 @@ def _cmd_rl(args: argparse.Namespace) -> None:
         final = run_verl(recipe, args.qa, args.policy, args.out, index=args.index, bm25=args.bm25, mode=args.mode,
                          limit=args.limit or None, log_out=args.log_out)
     else:
+        # What the environment reads keys the resume check by content, like the policy and QA.
+        inputs = {"index": args.index, "bm25": args.bm25, "passages": args.passages, "kg": args.kg}
         final = _agent_stages(recipe).rl(recipe, args.qa, args.policy, _agent_retriever(args, recipe), args.out,
-                                         limit=args.limit or None, log_out=args.log_out)
+                                         limit=args.limit or None, log_out=args.log_out, inputs=inputs)
     print(f"RL policy written to {final}")
 
 

@@ -5,15 +5,13 @@ environment and in how a trajectory is scored (their `make_rollout_fn`)."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from ragrl.io import atomic_path
-from ragrl.recipe import Recipe, canonical_json, rl_config
+from ragrl import workdir
+from ragrl.io import atomic_path, read_columns
+from ragrl.recipe import Recipe, rl_config
 
 
 def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], group_size: int, model, step: int):
@@ -31,19 +29,24 @@ def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], gr
 
 
 def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, make_rollout_fn: Callable, *,
-                limit: int | None = None, log_out: Path | None = None, fingerprint: dict | None = None) -> Path:
+                limit: int | None = None, log_out: Path | None = None, fingerprint: dict | None = None,
+                inputs: dict | None = None) -> Path:
     """RL of `policy` on the questions of `qa`; `make_rollout_fn(tokenizer)` builds the trainer's
-    plug-in. `fingerprint`: anything else the training depends on (e.g. the KG), for the resume check."""
+    plug-in. `fingerprint`: other settings the training depends on, `inputs`: other files or
+    directories it reads (index, KG); both key the resume check."""
     from transformers import AutoTokenizer
 
     from ragrl.train.rl import train_rl
 
-    table = pq.read_table(qa, columns=["id", "question", "golden_answers", "metadata"]).to_pylist()
+    # Everything that can be wrong with the settings or the data fails here, before the work dir
+    # (a previous training's checkpoints) is touched.
+    cfg = rl_config(recipe)
+    table = read_columns(qa, ["id", "question", "golden_answers", "metadata"]).to_pylist()
     prompts = table[:limit] if limit else table
-    prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
-                                     "limit": limit, **(fingerprint or {})})
+    prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "limit": limit, **(fingerprint or {})},
+                     {"policy": policy, "qa": qa, **(inputs or {})})
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    final = train_rl(policy, None, prompts, make_rollout_fn(tokenizer), rl_config(recipe), out_dir)
+    final = train_rl(policy, None, prompts, make_rollout_fn(tokenizer), cfg, out_dir)
     if log_out is not None:
         # The running log lives next to the checkpoints (it must survive a kill); the declared
         # output is a copy made once training is complete.
@@ -52,19 +55,13 @@ def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, make_roll
     return final
 
 
-def prepare_work_dir(out_dir: Path, definition: dict) -> None:
-    """Keep checkpoints only if they belong to this exact training; they are what a killed job
-    resumes from, but a job re-run because its settings changed must start over, not resume."""
-    fingerprint = hashlib.sha256(canonical_json(definition).encode()).hexdigest()
-    stamp = out_dir / "definition.sha256"
-    if out_dir.exists() and (not stamp.exists() or stamp.read_text().strip() != fingerprint):
-        print(f"[rl] settings changed since the checkpoints in {out_dir} were written: starting over")
-        shutil.rmtree(out_dir)
+def prepare_work_dir(out_dir: Path, definition: dict, inputs: dict | None = None) -> None:
+    """Keep checkpoints only if they belong to this exact training (settings and input contents,
+    see ragrl.workdir): they are what a killed job resumes from, but a job re-run because its
+    settings or inputs changed must start over, and the old checkpoints are only set aside."""
+    workdir.prepare_work_dir(out_dir, definition, inputs, tag="rl")
     final = out_dir / "final"
     if final.exists() and not (final / "model.safetensors").exists():
         # Snakemake removed the declared output (a forced re-run): rebuild final/ from the last
         # checkpoint instead of reporting the finished run as done without its weights.
         shutil.rmtree(final)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(stamp) as tmp:
-        tmp.write_text(fingerprint + "\n")

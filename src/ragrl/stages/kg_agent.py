@@ -88,9 +88,10 @@ def make_rollout_fn(recipe: Recipe, tokenizer, backend):
 
 
 def rl(recipe: Recipe, qa: Path, policy: Path, backend, out_dir: Path, limit: int | None = None,
-       log_out: Path | None = None) -> Path:
+       log_out: Path | None = None, inputs: dict | None = None) -> Path:
     return train_agent(recipe, qa, policy, out_dir, lambda tok: make_rollout_fn(recipe, tok, backend),
-                       limit=limit, log_out=log_out, fingerprint={"kg": backend.health().get("datasets", {})})
+                       limit=limit, log_out=log_out, fingerprint={"kg": backend.health().get("datasets", {})},
+                       inputs=inputs)
 
 
 def evaluate(recipe: Recipe, model: Path, qa: Path, backend, out_dir: Path, *, run_id: str, dataset: str,

@@ -69,9 +69,9 @@ def make_rollout_fn(recipe: Recipe, tokenizer, retriever):
 
 
 def rl(recipe: Recipe, qa: Path, policy: Path, retriever, out_dir: Path, limit: int | None = None,
-       log_out: Path | None = None) -> Path:
+       log_out: Path | None = None, inputs: dict | None = None) -> Path:
     return train_agent(recipe, qa, policy, out_dir, lambda tok: make_rollout_fn(recipe, tok, retriever),
-                       limit=limit, log_out=log_out)
+                       limit=limit, log_out=log_out, inputs=inputs)
 
 
 def evaluate(recipe: Recipe, model: Path, qa: Path, retriever, out_dir: Path, *, run_id: str, dataset: str,

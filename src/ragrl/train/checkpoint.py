@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ragrl.io import atomic_dir, write_json
+from ragrl.io import atomic_dir, publish_tree_modes, write_json
+from ragrl.workdir import release_superseded
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -242,11 +243,14 @@ def save_checkpoint(
     if accelerator.is_main_process:
         # trainer_state.json last: it is what makes a directory count as a checkpoint.
         write_json({**trainer_state, "step": step, "num_processes": accelerator.num_processes}, tmp / TRAINER_STATE)
+        publish_tree_modes(tmp)
         if final_dir.exists():
             shutil.rmtree(final_dir)
         os.replace(tmp, final_dir)
         for _, old in list_checkpoints(out_dir)[: -max(keep, 1)]:
             shutil.rmtree(old, ignore_errors=True)
+        # The work of an earlier definition was kept until this run had something to resume from.
+        release_superseded(out_dir)
     accelerator.wait_for_everyone()
     return final_dir
 
