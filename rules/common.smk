@@ -19,6 +19,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (_SRC, os.environ.get("P
 from ragrl.config import config_errors  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
 from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: E402
+from ragrl.retrieval.factory import factory_error  # noqa: E402
 
 
 # A --configfile is merged into config/config.yaml key by key and cannot remove an entry, so in the
@@ -82,6 +83,16 @@ def _check_references():
     for i, name in enumerate(config["evaluation"]["datasets"]):
         if name not in config["datasets"]:
             errors.append(f"config key 'evaluation.datasets[{i}]': '{name}' is not a key of datasets {sorted(config['datasets'])}")
+    if errors:
+        raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _check_index_factories():
+    # FAISS parses a factory string without data: a typo fails `snakemake -n`, not the index job
+    # hours later with a bare swig RuntimeError.
+    errors = [f"config key 'retrieval.indexes.{name}': {reason}"
+              for name, factory in config["retrieval"]["indexes"].items()
+              if (reason := factory_error(factory)) is not None]
     if errors:
         raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -457,3 +468,4 @@ def all_outputs():
 
 _check_models()
 _check_references()
+_check_index_factories()

@@ -364,3 +364,13 @@ def test_qa_without_question_names_file_and_column(tmp_path, bm25_dir):
     pq.write_table(pa.table({"query": ["zorblax"], "supporting_ids": [["p7"]]}), qa)
     with pytest.raises(DataFormatError, match=r"qa\.parquet: missing column\(s\) \['question'\]"):
         evaluate_retrieval(load_searcher(bm25_dir), qa, [1])
+
+
+def test_factory_typo_is_named_without_data(vectors, tmp_path):
+    from ragrl.retrieval.factory import factory_error
+
+    assert factory_error("IVF4096,PQ64") is None and factory_error("HNSW32") is None
+    assert "could not parse index string Flatt,Foo" in factory_error("Flatt,Foo")
+    _, _, shards = vectors
+    with pytest.raises(ValueError, match="FAISS index factory 'Flatt,Foo' for 32-dimensional embeddings: could not parse"):
+        build_faiss_index(shards, "Flatt,Foo", tmp_path / "bad")

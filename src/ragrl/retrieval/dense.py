@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from ragrl.io import atomic_dir, atomic_path, write_json
 from ragrl.paths import relative_to_dir
 from ragrl.progress import progress
+from ragrl.retrieval.factory import faiss_reason
 from ragrl.retrieval.encoder import Encoder, passage_contents
 
 INDEX_FILE = "index.faiss"
@@ -283,7 +284,11 @@ def build_faiss_index(
     if passages is not None:
         info["passages"] = str(passages)
     dim = shards[0].array.shape[1]
-    index = faiss.index_factory(dim, index_factory, METRICS[metric])
+    try:
+        index = faiss.index_factory(dim, index_factory, METRICS[metric])
+    except RuntimeError as exc:
+        raise ValueError(f"FAISS index factory {index_factory!r} for {dim}-dimensional embeddings: "
+                         f"{faiss_reason(str(exc))}") from None
     skipped_polysemous = _skip_polysemous_training(index)
 
     trained_on, gpu_train = 0, False
