@@ -259,7 +259,8 @@ def _retriever_flags(input, name):
         args += ["--bm25", input["bm25"]]
     if args:
         args += ["--mode", {"bm25": "bm25", "hybrid": "hybrid"}.get(name, "dense")]
-    return " ".join(args)
+    # A list: `{params.x:q}` quotes each element, so a path with a space stays one argument.
+    return args
 
 
 def eval_datasets():
@@ -331,12 +332,12 @@ def env_inputs(settings, recipe_name, dataset):
 
 
 def env_flags(input, settings, dataset):
-    """CLI flags naming what the environment reads (see env_inputs)."""
+    """CLI flags naming what the environment reads (see env_inputs), as a list of arguments."""
     if settings["env"] == "none":
-        return ""
+        return []
     if settings["env"] == "kg":
         kg = input["kg"]
-        return f"--kg {os.path.dirname(kg) if kg.endswith('.parquet') else kg} --kg-mode {kg_spec(dataset)['mode']}"
+        return ["--kg", os.path.dirname(kg) if kg.endswith(".parquet") else kg, "--kg-mode", kg_spec(dataset)["mode"]]
     return _retriever_flags(input, settings["retriever"])
 
 

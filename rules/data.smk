@@ -19,8 +19,8 @@ rule corpus:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl corpus --format {params.fmt} --inputs {input} --out {output}"
-        " --words {params.words} --source {wildcards.corpus} > {log} 2>&1"
+        "python -m ragrl corpus --format {params.fmt:q} --inputs {input:q} --out {output:q}"
+        " --words {params.words:q} --source {wildcards.corpus:q} > {log:q} 2>&1"
 
 
 rule qa:
@@ -40,4 +40,4 @@ rule qa:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl qa --format {params.fmt} --input {input} --out {output} > {log} 2>&1"
+        "python -m ragrl qa --format {params.fmt:q} --input {input:q} --out {output:q} > {log:q} 2>&1"
