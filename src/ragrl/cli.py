@@ -7,6 +7,7 @@ hand. This module only parses arguments and calls stage functions; it holds no l
 from __future__ import annotations
 
 import argparse
+import atexit
 import shlex
 import sys
 from pathlib import Path
@@ -493,9 +494,38 @@ def _quiet_library_progress_bars() -> None:
         os.environ.setdefault("TQDM_DISABLE", "1")
 
 
+def _end_logs_with_newline() -> None:
+    """A job log (`> log 2>&1`) ends with a newline whatever wrote to it last: a progress bar
+    closed with a carriage return at exit, or a library message without one, would otherwise
+    leave the last line unterminated (tail, grep and the next appended run all suffer)."""
+    import os
+    import stat
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    for fd in (1, 2):
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            # The descriptor is usually write-only; read the file through its /proc link (Linux).
+            with open(f"/proc/self/fd/{fd}", "rb") as fh:
+                if fh.seek(0, os.SEEK_END) == 0:
+                    continue
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    os.write(fd, b"\n")
+        except OSError:
+            continue
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    # Registered first, so it runs after the exit handlers libraries register while the command runs.
+    atexit.register(_end_logs_with_newline)
     _quiet_library_progress_bars()
     # The first log line is the command itself, so a log is enough to re-run a job by hand
     # (stderr for `query`, whose stdout is data a user may pipe).
