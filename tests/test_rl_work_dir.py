@@ -132,3 +132,14 @@ def test_content_digest_sees_content_not_names_or_times(tmp_path):
     assert workdir.content_digest(a) == workdir.content_digest(b)
     (b / "model.safetensors").write_bytes(b"v")
     assert workdir.content_digest(a) != workdir.content_digest(b)
+
+
+def test_only_rank_zero_moves_files(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    _prepare_work_dir(work, {"lr": 1e-4})
+    _checkpoint(work, 2)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(TimeoutError, match="rank 1"):
+        workdir.prepare_work_dir(work, {"lr": 3e-4}, wait_s=0.2)
+    assert (work / "checkpoints" / "step-2").is_dir()  # untouched: rank 0 decides
+    assert workdir.prepare_work_dir(work, {"lr": 1e-4}, wait_s=0.2)  # rank 0 already stamped this one

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -82,13 +83,25 @@ def prepare_work_dir(
     *,
     log: Callable[[str], None] = print,
     tag: str = "job",
+    wait_s: float = 600.0,
 ) -> str:
     """Make `out_dir` hold only progress of the job defined by `definition` + `inputs`; return
-    its fingerprint. Call it after the settings are validated and before any work."""
+    its fingerprint. Call it after the settings are validated and before any work.
+
+    Under a multi-process launcher (`accelerate launch`, torchrun: RANK set) only rank 0 moves
+    files; the other ranks wait up to `wait_s` for its stamp, so no two processes move one entry."""
     out_dir = Path(out_dir)
     description = describe(definition, inputs)
     current = fingerprint(description)
     stamp = out_dir / STAMP
+    if not is_main_process():
+        deadline = time.monotonic() + wait_s
+        while not (stamp.is_file() and stamp.read_text().strip() == current):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {os.environ['RANK']}: {stamp} did not get this job's fingerprint "
+                                   f"from rank 0 within {wait_s:.0f} s")
+            time.sleep(0.5)
+        return current
     previous = stamp.read_text().strip() if stamp.is_file() else None
     if previous != current:
         owned = _owned_entries(out_dir)
@@ -109,6 +122,11 @@ def prepare_work_dir(
     _write(out_dir / DEFINITION, json.dumps(description, indent=2, sort_keys=True) + "\n")
     _write(stamp, current + "\n")
     return current
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a multi-process launch (RANK, as accelerate and torchrun set it), or no launcher."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def release_superseded(out_dir: str | os.PathLike) -> list[Path]:

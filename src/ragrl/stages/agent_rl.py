@@ -61,7 +61,7 @@ def prepare_work_dir(out_dir: Path, definition: dict, inputs: dict | None = None
     settings or inputs changed must start over, and the old checkpoints are only set aside."""
     workdir.prepare_work_dir(out_dir, definition, inputs, tag="rl")
     final = out_dir / "final"
-    if final.exists() and not (final / "model.safetensors").exists():
+    if workdir.is_main_process() and final.exists() and not (final / "model.safetensors").exists():
         # Snakemake removed the declared output (a forced re-run): rebuild final/ from the last
         # checkpoint instead of reporting the finished run as done without its weights.
         shutil.rmtree(final)

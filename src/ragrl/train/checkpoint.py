@@ -39,6 +39,7 @@ CHECKPOINTS = "checkpoints"
 FINAL = "final"
 TRAINER_STATE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards and their index
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -67,9 +68,11 @@ def read_trainer_state(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def is_finished(out_dir: str | os.PathLike, steps: int) -> bool:
-    """True when out_dir/final holds a model trained for at least `steps` steps."""
-    state_file = Path(out_dir) / FINAL / TRAINER_STATE
-    if not state_file.is_file():
+    """True when out_dir/final holds a model trained for at least `steps` steps. Without its
+    weights (Snakemake deletes a re-run job's declared output first) it is not finished."""
+    final = Path(out_dir) / FINAL
+    state_file = final / TRAINER_STATE
+    if not state_file.is_file() or not any((final / n).is_file() for n in _WEIGHTS):
         return False
     state = json.loads(state_file.read_text())
     return bool(state.get("finished")) and int(state.get("step", -1)) >= steps
