@@ -44,8 +44,15 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
+# The local profile re-runs jobs a killed run left incomplete (rerun-incomplete), and
+# unlock_stale.sh first removes a lock whose snakemake is gone, so after a kill -9 `make run`
+# simply continues (RL resumes from its checkpoints). RUN_ARGS: more snakemake arguments
+# (targets, --configfile ...).
+RUN_ARGS ?=
+
 run: $(STAMP)
-	snakemake --cores $(CORES) --printshellcmds
+	bash scripts/unlock_stale.sh
+	snakemake --profile profiles/local --cores $(CORES) $(RUN_ARGS)
 	@echo
 	@echo "world:        $(CURDIR)/results/world   (passages, qa/, kg/, kgqa/, kb/, factual/)"
 	@echo "tiny policy:  $(CURDIR)/results/models/tiny"

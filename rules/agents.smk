@@ -28,8 +28,8 @@ rule sft_data:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl sft-data --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.env}"
-        " --qa {input.qa} --policy {params.policy} --limit {params.limit} --out {output.data} > {log} 2>&1"
+        "python -m ragrl sft-data --recipe {params.recipe:q} --recipe-name {wildcards.recipe:q} {params.env:q}"
+        " --qa {input.qa:q} --policy {params.policy:q} --limit {params.limit:q} --out {output.data:q} > {log:q} 2>&1"
 
 
 rule sft:
@@ -51,8 +51,8 @@ rule sft:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl sft --recipe {params.recipe:q} --recipe-name {wildcards.recipe}"
-        " --data {input.data} --policy {params.policy} --out {output} > {log} 2>&1"
+        "python -m ragrl sft --recipe {params.recipe:q} --recipe-name {wildcards.recipe:q}"
+        " --data {input.data:q} --policy {params.policy:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule merge_sft:
@@ -73,7 +73,7 @@ rule merge_sft:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl merge --base {params.policy} --adapter {input.adapter} --out {output} > {log} 2>&1"
+        "python -m ragrl merge --base {params.policy:q} --adapter {input.adapter:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule rl:
@@ -102,9 +102,9 @@ rule rl:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl rl --recipe {params.recipe:q} --recipe-name {wildcards.recipe} {params.env}"
-        " --qa {input.qa} --policy {params.start} --limit {params.limit} --out {params.work} --log-out {output.log}"
-        " > {log} 2>&1"
+        "python -m ragrl rl --recipe {params.recipe:q} --recipe-name {wildcards.recipe:q} {params.env:q}"
+        " --qa {input.qa:q} --policy {params.start:q} --limit {params.limit} --out {params.work:q}"
+        " --log-out {output.log:q} > {log:q} 2>&1"
 
 
 rule merge_rl:
@@ -126,7 +126,7 @@ rule merge_rl:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl merge --base {params.base} --adapter {params.adapter} --out {output} > {log} 2>&1"
+        "python -m ragrl merge --base {params.base:q} --adapter {params.adapter:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule eval:
@@ -153,9 +153,9 @@ rule eval:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl eval --recipe {params.recipe:q} --recipe-name {params.name} {params.env}"
-        " --model {params.model} --qa {input.qa} --run-id {wildcards.run} --dataset {wildcards.dataset}"
-        " --max-questions {params.max_questions} --batch-size {params.batch_size} --out {params.out} > {log} 2>&1"
+        "python -m ragrl eval --recipe {params.recipe:q} --recipe-name {params.name:q} {params.env:q}"
+        " --model {params.model:q} --qa {input.qa:q} --run-id {wildcards.run:q} --dataset {wildcards.dataset:q}"
+        " --max-questions {params.max_questions:q} --batch-size {params.batch_size:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule run_manifest:
@@ -178,5 +178,5 @@ rule run_manifest:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl run-manifest --run-id {wildcards.run} --recipe-name {params.recipe} --model {params.model:q}"
-        " --stage {params.stage} --settings {params.settings:q} --seeds {params.seeds:q} --out {output} > {log} 2>&1"
+        "python -m ragrl run-manifest --run-id {wildcards.run:q} --recipe-name {params.recipe:q} --model {params.model:q}"
+        " --stage {params.stage:q} --settings {params.settings:q} --seeds {params.seeds:q} --out {output:q} > {log:q} 2>&1"

@@ -21,6 +21,7 @@ from ragrl.methods import get_method  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
 from ragrl.recipe import parse_recipe  # noqa: E402
 from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: E402
+from ragrl.retrieval.factory import factory_error  # noqa: E402
 
 
 # A --configfile is merged into config/config.yaml key by key and cannot remove an entry, so in the
@@ -112,6 +113,16 @@ def _check_references():
     for i, name in enumerate(config["evaluation"]["datasets"]):
         if name not in config["datasets"]:
             errors.append(f"config key 'evaluation.datasets[{i}]': '{name}' is not a key of datasets {sorted(config['datasets'])}")
+    if errors:
+        raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _check_index_factories():
+    # FAISS parses a factory string without data: a typo fails `snakemake -n`, not the index job
+    # hours later with a bare swig RuntimeError.
+    errors = [f"config key 'retrieval.indexes.{name}': {reason}"
+              for name, factory in config["retrieval"]["indexes"].items()
+              if (reason := factory_error(factory)) is not None]
     if errors:
         raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -278,7 +289,8 @@ def _retriever_flags(input, name):
         args += ["--bm25", input["bm25"]]
     if args:
         args += ["--mode", {"bm25": "bm25", "hybrid": "hybrid"}.get(name, "dense")]
-    return " ".join(args)
+    # A list: `{params.x:q}` quotes each element, so a path with a space stays one argument.
+    return args
 
 
 def eval_datasets():
@@ -347,16 +359,16 @@ def env_inputs(settings, recipe_name, dataset):
 
 
 def env_flags(input, settings, dataset):
-    """CLI flags naming what the environment reads (see env_inputs)."""
+    """CLI flags naming what the environment reads (see env_inputs), as a list of arguments."""
     flags = []
     for kind in method_of(settings).inputs:
         if kind == "graph":
             kg = input["kg"]
-            flags.append(f"--kg {os.path.dirname(kg) if kg.endswith('.parquet') else kg} "
-                         f"--kg-mode {kg_spec(dataset)['mode']}")
+            flags += ["--kg", os.path.dirname(kg) if kg.endswith(".parquet") else kg, "--kg-mode",
+                      kg_spec(dataset)["mode"]]
         else:
-            flags.append(_retriever_flags(input, settings["retriever"]))
-    return " ".join(flags)
+            flags += _retriever_flags(input, settings["retriever"])
+    return flags
 
 
 def recipe_env_inputs(name):
@@ -495,3 +507,4 @@ def all_outputs():
 _check_models()
 _check_recipes()
 _check_references()
+_check_index_factories()

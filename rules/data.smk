@@ -9,7 +9,7 @@ rule corpus:
     params:
         fmt=lambda wc: config["corpora"][wc.corpus]["format"],
         words=lambda wc: config["corpora"][wc.corpus]["words"],
-        titles=lambda wc: "--strip-title-quotes" if config["corpora"][wc.corpus].get("strip_title_quotes") else "",
+        titles=lambda wc: ["--strip-title-quotes"] if config["corpora"][wc.corpus].get("strip_title_quotes") else [],
     log:
         "logs/corpus/{corpus}.log",
     benchmark:
@@ -20,8 +20,8 @@ rule corpus:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl corpus --format {params.fmt} --inputs {input} --out {output}"
-        " --words {params.words} --source {wildcards.corpus} {params.titles} > {log} 2>&1"
+        "python -m ragrl corpus --format {params.fmt:q} --inputs {input:q} --out {output:q}"
+        " --words {params.words:q} --source {wildcards.corpus:q} {params.titles:q} > {log:q} 2>&1"
 
 
 rule qa:
@@ -41,4 +41,4 @@ rule qa:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl qa --format {params.fmt} --input {input} --out {output} > {log} 2>&1"
+        "python -m ragrl qa --format {params.fmt:q} --input {input:q} --out {output:q} > {log:q} 2>&1"

@@ -21,11 +21,11 @@ rule tiny_model:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl model tiny --world {params.world} --out {params.out}"
-        " --vocab-size {params.spec[vocab_size]} --hidden-size {params.spec[hidden_size]}"
-        " --num-layers {params.spec[num_layers]} --num-heads {params.spec[num_heads]}"
-        " --num-kv-heads {params.spec[num_kv_heads]} --intermediate-size {params.spec[intermediate_size]}"
-        " --seed {params.spec[seed]} > {log} 2>&1"
+        "python -m ragrl model tiny --world {params.world:q} --out {params.out:q}"
+        " --vocab-size {params.spec[vocab_size]:q} --hidden-size {params.spec[hidden_size]:q}"
+        " --num-layers {params.spec[num_layers]:q} --num-heads {params.spec[num_heads]:q}"
+        " --num-kv-heads {params.spec[num_kv_heads]:q} --intermediate-size {params.spec[intermediate_size]:q}"
+        " --seed {params.spec[seed]:q} > {log:q} 2>&1"
 
 
 rule policy_generate:
@@ -45,4 +45,4 @@ rule policy_generate:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl model generate --model {params.model} --prompt 'Where was' --out {output} > {log} 2>&1"
+        "python -m ragrl model generate --model {params.model:q} --prompt 'Where was' --out {output:q} > {log:q} 2>&1"

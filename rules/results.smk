@@ -25,10 +25,10 @@ rule results_db:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl results build --db {output} --runs {input.runs} --evals {input.evals}"
-        " --predictions {input.predictions} --train-logs {input.train_logs} --benchmarks-dir benchmarks"
-        " --rule-gpus {params.rule_gpus:q} --tables {params.tables:q} --main-metric {params.main_metric}"
-        " > {log} 2>&1"
+        "python -m ragrl results build --db {output:q} --runs {input.runs:q} --evals {input.evals:q}"
+        " --predictions {input.predictions:q} --train-logs {input.train_logs:q} --benchmarks-dir benchmarks"
+        " --rule-gpus {params.rule_gpus:q} --tables {params.tables:q} --main-metric {params.main_metric:q}"
+        " > {log:q} 2>&1"
 
 
 rule results_tables:
@@ -52,7 +52,7 @@ rule results_tables:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl results tables --db {input} --tables {params.tables:q} --out-dir {params.out} > {log} 2>&1"
+        "python -m ragrl results tables --db {input:q} --tables {params.tables:q} --out-dir {params.out:q} > {log:q} 2>&1"
 
 
 rule results_plots:
@@ -77,4 +77,4 @@ rule results_plots:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl results plots --db {input} --metrics {params.metrics} --out-dir {params.out} > {log} 2>&1"
+        "python -m ragrl results plots --db {input:q} --metrics {params.metrics:q} --out-dir {params.out:q} > {log:q} 2>&1"

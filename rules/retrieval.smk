@@ -21,10 +21,10 @@ rule embed_shard:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl index embed-shard --passages {input} --model {params.model:q}"
-        " --shard {wildcards.shard} --num-shards {wildcards.n} --out {output.npy}"
+        "python -m ragrl index embed-shard --passages {input:q} --model {params.model:q}"
+        " --shard {wildcards.shard:q} --num-shards {wildcards.n:q} --out {output.npy:q}"
         " --query-prefix={params.enc[query_prefix]:q} --passage-prefix={params.enc[passage_prefix]:q}"
-        " --batch-size {params.enc[batch_size]} --max-length {params.enc[max_length]} > {log} 2>&1"
+        " --batch-size {params.enc[batch_size]:q} --max-length {params.enc[max_length]:q} > {log:q} 2>&1"
 
 
 rule index:
@@ -47,8 +47,8 @@ rule index:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl index build --shards {input.shards} --factory {params.factory:q}"
-        " --passages {input.passages} --train-sample {params.train_sample} --out {params.out} > {log} 2>&1"
+        "python -m ragrl index build --shards {input.shards:q} --factory {params.factory:q}"
+        " --passages {input.passages:q} --train-sample {params.train_sample:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule bm25:
@@ -66,7 +66,7 @@ rule bm25:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl index bm25 --passages {input} --out {output} > {log} 2>&1"
+        "python -m ragrl index bm25 --passages {input:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule retrieval_eval:
@@ -89,8 +89,8 @@ rule retrieval_eval:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl retrieval eval {params.retriever} --name {wildcards.retriever}"
-        " --qa {params.qa} --k {params.k} --out {output} > {log} 2>&1"
+        "python -m ragrl retrieval eval {params.retriever:q} --name {wildcards.retriever:q}"
+        " --qa {params.qa:q} --k {params.k:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule retrieval_table:
@@ -109,7 +109,7 @@ rule retrieval_table:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl retrieval table --reports {input} --out-md {output.md} --out-csv {output.csv} > {log} 2>&1"
+        "python -m ragrl retrieval table --reports {input:q} --out-md {output.md:q} --out-csv {output.csv:q} > {log:q} 2>&1"
 
 
 rule retrieval_service_check:
@@ -131,5 +131,5 @@ rule retrieval_service_check:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl retrieval service-check {params.retriever} --qa {input.qa}"
-        " --topk {params.topk} --out {output} > {log} 2>&1"
+        "python -m ragrl retrieval service-check {params.retriever:q} --qa {input.qa:q}"
+        " --topk {params.topk:q} --out {output:q} > {log:q} 2>&1"

@@ -18,4 +18,4 @@ rule world:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl world --seed {params.seed} --size {params.size} --out {params.out} > {log} 2>&1"
+        "python -m ragrl world --seed {params.seed:q} --size {params.size:q} --out {params.out:q} > {log:q} 2>&1"

@@ -248,6 +248,34 @@ def test_duplicate_ids_across_inputs_name_both_places(tmp_path):
     assert_nothing_written(out)
 
 
+def test_dpr_stray_quote_does_not_merge_rows(tmp_path):
+    # Issue 18 F3: with csv quoting, row 10's opening quote swallowed rows 10-900 into one passage.
+    rows = [f"{i}\tpassage number {i} about something\tTitle {i}" for i in range(1, 1001)]
+    rows[9] = '10\t"Quoted start of a passage that never closes its quote\tTitle 10'
+    rows[899] = '900\tA later passage that has a " in the middle\tTitle 900'
+    path = tmp_path / "psgs.tsv"
+    path.write_text("id\ttext\ttitle\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "passages.parquet"
+    assert write_passages("dpr", [path], out) == 1000
+    table = pq.read_table(out).to_pylist()
+    assert table[9]["text"] == '"Quoted start of a passage that never closes its quote'
+    assert table[899]["text"] == 'A later passage that has a " in the middle'
+    assert [r["id"] for r in table] == [str(i) for i in range(1, 1001)]
+
+
+def test_passage_far_above_the_length_distribution_is_a_warning(tmp_path, capsys):
+    rows = [f"{i}\t{'word ' * 20}{i}\tT{i}" for i in range(1, 200)]
+    rows[41] = f"42\t{'merged rows ' * 1000}\tT42"
+    path = tmp_path / "psgs.tsv"
+    path.write_text("id\ttext\ttitle\n" + "\n".join(rows) + "\n")
+    assert write_passages("dpr", [path], tmp_path / "passages.parquet", batch_rows=50) == 199
+    err = capsys.readouterr().err
+    assert "warning: 1 passage(s) longer than" in err and f"{path}:43 id '42' (12000 chars)" in err
+    capsys.readouterr()
+    write_passages("dpr", [CORPUS / "dpr.tsv"], tmp_path / "again.parquet")
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_unknown_format_is_rejected():
     with pytest.raises(ValueError, match="unknown corpus format 'wiki'"):
         list(read_passages("wiki", CORPUS / "dpr.tsv"))

@@ -41,3 +41,20 @@ def test_outputs_get_plain_file_modes(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "x.json").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
+
+
+def test_files_written_private_inside_a_dir_get_plain_modes(tmp_path):
+    # Issue 18 F12: transformers' save_pretrained publishes model.safetensors as 0600 (through its
+    # own temporary file); a weights file must be readable like the config next to it.
+    old = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "model") as tmp:
+            fd = os.open(tmp / "model.safetensors", os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(fd)
+            (tmp / "sub").mkdir(mode=0o700)
+            (tmp / "sub" / "run.sh").write_text("#!/bin/sh\n")
+            os.chmod(tmp / "sub" / "run.sh", 0o700)
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE((tmp_path / "model" / p).stat().st_mode)  # noqa: E731
+    assert (mode("model.safetensors"), mode("sub"), mode("sub/run.sh")) == (0o644, 0o755, 0o755)

@@ -211,3 +211,21 @@ def test_random_grids_round_trip(grid, precision, higher):
         con = duckdb.connect(str(db), read_only=True)
         check_rendered(Path(tmp), "g", con, "em", runs, ["d0", "d1"], precision, higher)
         con.close()
+
+
+def test_neither_direction_marks_no_best_and_claims_none(db, tmp_path):
+    # Issue 18 F12: a count of searches is neither better high nor low.
+    render_tables(db, [{"name": "n", "metric": "latency", "higher_is_better": None}], tmp_path)
+    md = (tmp_path / "n.md").read_text(encoding="utf-8")
+    assert "better" not in md and "**" not in md.split("\n", 1)[1]
+    assert "better" not in (tmp_path / "n.tex").read_text(encoding="utf-8")
+    rows = parse_csv((tmp_path / "n.csv").read_text(encoding="utf-8"))[1]
+    assert not any(cell.endswith("*") for row in rows for cell in row[1:])
+
+
+def test_default_config_does_not_call_more_searches_better():
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "config/config.yaml").read_text())
+    searches = [t for t in config["results"]["tables"] if t.get("metric") == "searches"]
+    assert searches and all("higher_is_better" in t and t["higher_is_better"] is None for t in searches)

@@ -188,7 +188,8 @@ def test_build_streams_shards_instead_of_loading_them(tmp_path):
     assert peak < shard_bytes / 4, f"build allocated {peak / 1e6:.1f} MB of arrays; shards are {shard_bytes / 1e6:.1f} MB"
 
 
-def test_build_checks_shard_sidecars(tmp_path):
+def test_build_checks_shard_sidecars(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # sidecars name the passages as the embed job saw them
     x = clustered_unit_vectors(30, 8, seed=4)
     info = {"model": "m", "query_prefix": "q: ", "passage_prefix": "p: ", "normalize": True, "max_length": 32}
     paths = []
@@ -215,7 +216,7 @@ def test_build_checks_shard_sidecars(tmp_path):
     meta = build_faiss_index(paths, "Flat", tmp_path / "good")
     saved = json.loads((tmp_path / "good" / "meta.json").read_text())
     assert saved == meta
-    assert (meta["model"], meta["query_prefix"], meta["passage_prefix"], meta["passages"]) == ("m", "q: ", "p: ", "corpus.parquet")
+    assert (meta["model"], meta["query_prefix"], meta["passage_prefix"], meta["passages"]) == ("m", "q: ", "p: ", "../corpus.parquet")
     assert meta["peak_rss_mb"] > 0
     assert sorted(os.listdir(tmp_path / "good")) == ["index.faiss", "meta.json"]
 
@@ -325,3 +326,51 @@ def test_searcher_rejects_index_for_other_passages(dense_dir, encoder):
     other = Encoder(MODEL, batch_size=4)  # same model, no prefixes: would encode queries wrongly
     with pytest.raises(ValueError, match="query_prefix"):
         DenseRetriever(other, load_faiss_index(dense_dir))
+
+
+def test_index_finds_its_passages_from_another_directory(tmp_path, monkeypatch):
+    # Issue 18 F9: the index recorded the passages path relative to where it was built.
+    work = tmp_path / "work"
+    (work / "corpus").mkdir(parents=True)
+    pq.write_table(passages_table(), work / "corpus/passages.parquet")
+    monkeypatch.chdir(work)
+    build_bm25(Path("corpus/passages.parquet"), Path("index/bm25"))
+    assert json.loads(Path("index/bm25/meta.json").read_text())["passages"] == "../../corpus/passages.parquet"
+    monkeypatch.chdir(tmp_path)
+    assert load_searcher(work / "index/bm25").search(["zorblax"], 1)[0][0].title == "Quokka"
+    # Passages moved elsewhere: the error says how to point at them, and --passages does.
+    moved = tmp_path / "moved.parquet"
+    os.replace(work / "corpus/passages.parquet", moved)
+    with pytest.raises(FileNotFoundError, match="--passages"):
+        load_searcher(work / "index/bm25")
+    assert load_searcher(work / "index/bm25", passages=moved).search(["zorblax"], 1)[0][0].title == "Quokka"
+
+
+def test_serve_retriever_takes_passages_flag(tmp_path, monkeypatch):
+    import ragrl.retrieval.service as service
+    from ragrl.cli import main
+
+    seen = {}
+    monkeypatch.setattr(service, "serve", lambda *a, **kw: seen.update(kw))
+    assert main(["serve-retriever", "--bm25", str(tmp_path / "bm25"), "--passages", str(tmp_path / "p.parquet")]) == 0
+    assert seen["passages"] == tmp_path / "p.parquet"
+
+
+def test_qa_without_question_names_file_and_column(tmp_path, bm25_dir):
+    from ragrl.errors import DataFormatError
+    from ragrl.retrieval.evaluate import evaluate_retrieval
+
+    qa = tmp_path / "qa.parquet"
+    pq.write_table(pa.table({"query": ["zorblax"], "supporting_ids": [["p7"]]}), qa)
+    with pytest.raises(DataFormatError, match=r"qa\.parquet: missing column\(s\) \['question'\]"):
+        evaluate_retrieval(load_searcher(bm25_dir), qa, [1])
+
+
+def test_factory_typo_is_named_without_data(vectors, tmp_path):
+    from ragrl.retrieval.factory import factory_error
+
+    assert factory_error("IVF4096,PQ64") is None and factory_error("HNSW32") is None
+    assert "could not parse index string Flatt,Foo" in factory_error("Flatt,Foo")
+    _, _, shards = vectors
+    with pytest.raises(ValueError, match="FAISS index factory 'Flatt,Foo' for 32-dimensional embeddings: could not parse"):
+        build_faiss_index(shards, "Flatt,Foo", tmp_path / "bad")

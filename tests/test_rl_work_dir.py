@@ -1,24 +1,102 @@
-"""The RL job's work dir: resume a killed run of the same training, start over after a change."""
+"""The RL job's work dir: resume a killed run of the same training, start over after a change of
+settings or of any input's content, and never lose the previous training's checkpoints before
+the new one has its own (issue 18 F1, F2)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from ragrl import workdir
 from ragrl.train.checkpoint import prepare_work_dir as _prepare_work_dir
+
+
+def _policy(path, weights: bytes):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def _checkpoint(work, step):
+    (work / "checkpoints" / f"step-{step}").mkdir(parents=True)
+    (work / "checkpoints" / f"step-{step}" / "trainer_state.json").write_text(json.dumps({"step": step}))
+
+
+def _aside(work):
+    return sorted(p.name for p in work.iterdir() if p.name.startswith(workdir.SUPERSEDED))
 
 
 def test_same_definition_keeps_checkpoints(tmp_path):
     work = tmp_path / "work"
     _prepare_work_dir(work, {"lr": 1e-4})
-    (work / "checkpoints" / "step-2").mkdir(parents=True)
+    _checkpoint(work, 2)
     _prepare_work_dir(work, {"lr": 1e-4})
-    assert (work / "checkpoints" / "step-2").is_dir()
+    assert (work / "checkpoints" / "step-2").is_dir() and not _aside(work)
 
 
-def test_changed_definition_starts_over(tmp_path):
+def test_changed_settings_set_old_checkpoints_aside(tmp_path):
     work = tmp_path / "work"
     _prepare_work_dir(work, {"lr": 1e-4})
-    (work / "checkpoints" / "step-2").mkdir(parents=True)
+    _checkpoint(work, 2)
     _prepare_work_dir(work, {"lr": 3e-4})
     assert not (work / "checkpoints").exists()
+    [aside] = _aside(work)
+    assert (work / aside / "checkpoints" / "step-2" / "trainer_state.json").is_file()
+
+
+def test_new_weights_at_the_same_path_do_not_resume(tmp_path, capsys):
+    # F1: re-run SFT rewrites sft_merged/ in place; RL must not resume from the old model's steps.
+    policy = _policy(tmp_path / "sft_merged", b"old weights")
+    work = tmp_path / "work"
+    _prepare_work_dir(work, {"lr": 1e-4}, {"policy": policy})
+    _checkpoint(work, 3)
+    (work / "final").mkdir()
+    (work / "final" / "model.safetensors").write_bytes(b"old final")
+    _prepare_work_dir(work, {"lr": 1e-4}, {"policy": policy})
+    assert (work / "checkpoints" / "step-3").is_dir()  # same content: a killed run resumes
+
+    _policy(policy, b"new weights")
+    _prepare_work_dir(work, {"lr": 1e-4}, {"policy": policy})
+    assert not (work / "checkpoints").exists() and not (work / "final").exists()
+    assert "changed: input 'policy'" in capsys.readouterr().out
+
+
+def test_superseded_work_goes_with_the_first_new_checkpoint(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from ragrl.train.checkpoint import save_checkpoint
+
+    work = tmp_path / "work"
+    _prepare_work_dir(work, {"lr": 1e-4})
+    _checkpoint(work, 2)
+    _prepare_work_dir(work, {"lr": 3e-4})
+    assert _aside(work)
+
+    class Model(torch.nn.Linear):
+        def save_pretrained(self, directory, **kwargs):
+            torch.save(self.state_dict(), directory / "weights.pt")
+
+    model = Model(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    accelerator = SimpleNamespace(is_main_process=True, process_index=0, num_processes=1,
+                                  state=SimpleNamespace(), wait_for_everyone=lambda: None,
+                                  unwrap_model=lambda m: m)
+    save_checkpoint(accelerator, model, optimizer, scheduler, work, 1, {"log_offset": 0}, keep=2)
+    assert (work / "checkpoints" / "step-1").is_dir() and not _aside(work)
+
+
+def test_returning_to_the_superseded_definition_resumes_it(tmp_path):
+    work = tmp_path / "work"
+    _prepare_work_dir(work, {"lr": 1e-4})
+    _checkpoint(work, 2)
+    _prepare_work_dir(work, {"lr": 3e-4})  # e.g. a typo'd value, reverted before any checkpoint
+    _prepare_work_dir(work, {"lr": 1e-4})
+    assert (work / "checkpoints" / "step-2").is_dir()
 
 
 def test_final_without_weights_is_rebuilt(tmp_path):
@@ -29,3 +107,39 @@ def test_final_without_weights_is_rebuilt(tmp_path):
     (work / "final" / "trainer_state.json").write_text("{}")
     _prepare_work_dir(work, {"lr": 1e-4})
     assert not (work / "final").exists()
+
+
+def test_unknown_rl_setting_fails_before_the_work_dir_is_touched(tmp_path):
+    # F2: `rl: {stepz: 3}` used to delete checkpoints/ and final/ and only then fail on the key.
+    from ragrl.recipe import parse_recipe
+    from ragrl.stages.agent_rl import train_agent
+
+    work = tmp_path / "work"
+    _prepare_work_dir(work, {"lr": 1e-4})
+    _checkpoint(work, 2)
+    before = sorted(p.relative_to(work) for p in work.rglob("*"))
+    recipe = parse_recipe({"env": "kg", "rl": {"stepz": 3}}, "kg_r1")
+    with pytest.raises(ValueError, match=r"recipes\.kg_r1\.rl.*'stepz'"):
+        train_agent(recipe, tmp_path / "qa.parquet", tmp_path / "policy", work, make_rollout_fn=None)
+    assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
+
+
+def test_content_digest_sees_content_not_names_or_times(tmp_path):
+    a = _policy(tmp_path / "a", b"w")
+    b = _policy(tmp_path / "b", b"w")
+    assert workdir.content_digest(a) == workdir.content_digest(b)
+    (b / ".model.safetensors.tmp").write_bytes(b"half-written")  # an atomic write's leftover
+    assert workdir.content_digest(a) == workdir.content_digest(b)
+    (b / "model.safetensors").write_bytes(b"v")
+    assert workdir.content_digest(a) != workdir.content_digest(b)
+
+
+def test_only_rank_zero_moves_files(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    _prepare_work_dir(work, {"lr": 1e-4})
+    _checkpoint(work, 2)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(TimeoutError, match="rank 1"):
+        workdir.prepare_work_dir(work, {"lr": 3e-4}, wait_s=0.2)
+    assert (work / "checkpoints" / "step-2").is_dir()  # untouched: rank 0 decides
+    assert workdir.prepare_work_dir(work, {"lr": 1e-4}, wait_s=0.2)  # rank 0 already stamped this one

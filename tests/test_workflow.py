@@ -158,6 +158,9 @@ def test_workflow_runs_end_to_end(tmp_path):
         ({"world": {"seed": "x"}}, "config key 'world.seed'"),
         ({"world": {"size": 5}}, "config key 'world.size'"),
         ({"wrold": {}}, "config key 'wrold': unknown key"),
+        # Issue 18 F4: a factory typo used to pass -n and fail hours later in the index job.
+        ({"retrieval": {"indexes": {"bad": "Flatt,Foo"}}},
+         "config key 'retrieval.indexes.bad': FAISS cannot build 'Flatt,Foo' for embedding sizes"),
         ({"models": {"policy": "nonsense"}}, "config key 'models.policy': unknown model name"),
         ({"models": {"embedding": "./no/such/dir"}}, "config key 'models.embedding': model path './no/such/dir' does not exist"),
         ({"datasets": {"q": {"format": "kgqa", "path": "q.jsonl", "kg": "nope"}}}, "config key 'datasets.q.kg'"),

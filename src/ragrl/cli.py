@@ -7,6 +7,7 @@ hand. This module only parses arguments and calls stage functions; it holds no l
 from __future__ import annotations
 
 import argparse
+import atexit
 import shlex
 import sys
 from pathlib import Path
@@ -102,6 +103,8 @@ def _searcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, help="dense index dir (from `ragrl index build`)")
     p.add_argument("--bm25", type=Path, help="BM25 index dir (from `ragrl index bm25`)")
     p.add_argument("--mode", choices=["dense", "bm25", "hybrid"], help="default: what the given dirs allow")
+    p.add_argument("--passages", type=Path,
+                   help="passages parquet (default: the one the index's meta.json records)")
 
 
 def _load_searcher(args: argparse.Namespace):
@@ -109,7 +112,7 @@ def _load_searcher(args: argparse.Namespace):
 
     if args.index is None and args.bm25 is None:
         raise ValueError("give --index and/or --bm25")
-    return load_searcher(args.index, args.bm25, args.mode)
+    return load_searcher(args.index, args.bm25, args.mode, passages=args.passages)
 
 
 def _http_limit_args(p: argparse.ArgumentParser, max_body_bytes: int) -> None:
@@ -133,7 +136,7 @@ def _cmd_serve_retriever(args: argparse.Namespace) -> None:
     serve(args.index if args.index is not None else args.bm25, args.host, args.port,
           bm25_dir=args.bm25 if args.index is not None else None, mode=args.mode, max_batch=args.max_batch,
           max_topk=args.max_topk, max_queries=args.max_queries, batch_window_ms=args.batch_window_ms,
-          http_limits=_http_limits(args))
+          http_limits=_http_limits(args), passages=args.passages)
 
 
 def _cmd_serve_kg(args: argparse.Namespace) -> None:
@@ -183,8 +186,8 @@ def _backends(args: argparse.Namespace) -> dict:
     """What the recipe's environment reads, from the flags the rule passed (ragrl.stages.agent)."""
     from ragrl.stages.agent import load_backends
 
-    return load_backends(index=args.index, bm25=args.bm25, mode=args.mode, kg=args.kg, kg_mode=args.kg_mode,
-                         kg_url=args.kg_url)
+    return load_backends(index=args.index, bm25=args.bm25, mode=args.mode, passages=args.passages, kg=args.kg,
+                         kg_mode=args.kg_mode, kg_url=args.kg_url)
 
 
 def _cmd_sft_data(args: argparse.Namespace) -> None:
@@ -211,11 +214,13 @@ def _cmd_rl(args: argparse.Namespace) -> None:
 
     recipe = _recipe(args)
     # verl queries the retriever over HTTP from its own processes: it gets the index flags, not a
-    # loaded searcher.
+    # loaded searcher. What the environment reads keys the resume check by content, like the
+    # policy and the QA file.
     verl = recipe.rl.get("backend") == "verl"
     final = agent.rl(recipe, args.qa, args.policy, {} if verl else _backends(args), args.out,
                      limit=args.limit or None, log_out=args.log_out,
-                     flags={"index": args.index, "bm25": args.bm25, "mode": args.mode})
+                     flags={"index": args.index, "bm25": args.bm25, "mode": args.mode, "passages": args.passages,
+                            "kg": args.kg})
     print(f"RL policy written to {final}")
 
 
@@ -502,9 +507,38 @@ def _quiet_library_progress_bars() -> None:
         os.environ.setdefault("TQDM_DISABLE", "1")
 
 
+def _end_logs_with_newline() -> None:
+    """A job log (`> log 2>&1`) ends with a newline whatever wrote to it last: a progress bar
+    closed with a carriage return at exit, or a library message without one, would otherwise
+    leave the last line unterminated (tail, grep and the next appended run all suffer)."""
+    import os
+    import stat
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    for fd in (1, 2):
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            # The descriptor is usually write-only; read the file through its /proc link (Linux).
+            with open(f"/proc/self/fd/{fd}", "rb") as fh:
+                if fh.seek(0, os.SEEK_END) == 0:
+                    continue
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    os.write(fd, b"\n")
+        except OSError:
+            continue
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    # Registered first, so it runs after the exit handlers libraries register while the command runs.
+    atexit.register(_end_logs_with_newline)
     _quiet_library_progress_bars()
     # The first log line is the command itself, so a log is enough to re-run a job by hand
     # (stderr for `query`, whose stdout is data a user may pipe).

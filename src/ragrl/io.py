@@ -31,6 +31,19 @@ def _publish_mode(path: Path, directory: bool) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
 
 
+def publish_tree_modes(root: str | os.PathLike) -> None:
+    """Give `root` and everything under it the modes a plain open()/mkdir() would have (executables
+    stay executable). Writers that go through their own temporary files leave them private:
+    transformers' save_pretrained publishes model.safetensors as 0600."""
+    mask = _umask()
+    root = Path(root)
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        executable = path.is_dir() or path.stat().st_mode & 0o100
+        os.chmod(path, (0o777 if executable else 0o666) & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; rename it onto `path` only if the block succeeds."""
@@ -55,13 +68,30 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
-        _publish_mode(tmp, directory=True)
+        publish_tree_modes(tmp)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def read_columns(path: str | os.PathLike, columns: list[str], optional: tuple[str, ...] = ()) -> pa.Table:
+    """`columns` (and those of `optional` the file has) of a parquet file; a missing column is an
+    error naming the file, the column and what the file has, not Arrow's bare field lookup."""
+    from ragrl.errors import DataFormatError
+
+    try:
+        names = pq.read_schema(path).names
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise DataFormatError(path, f"not a readable parquet file ({exc})") from None
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataFormatError(path, f"missing column(s) {missing}; the file has {names}")
+    return pq.read_table(path, columns=list(columns) + [c for c in optional if c in names and c not in columns])
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:

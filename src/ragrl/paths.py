@@ -6,6 +6,8 @@ read it, so the two cannot drift apart. Standard library only: the Snakefile imp
 
 from __future__ import annotations
 
+import os
+
 SPLITS = ("train", "dev", "test")
 KGS = ("A", "B")
 
@@ -26,3 +28,9 @@ def hf_model_files() -> list[str]:
 
 
 DENSE_INDEX_FILES = ("index.faiss", "meta.json")
+
+
+def relative_to_dir(path: str | os.PathLike, directory: str | os.PathLike) -> str:
+    """`path` as seen from `directory`: how an index records its passages file, so that the index
+    loads from any working directory and still loads when the results tree is moved as a whole."""
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(directory))

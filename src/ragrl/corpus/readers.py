@@ -4,7 +4,10 @@ Contract (parquet): `id, title, text, source`, all strings; the text a model see
 "{title}\\n{text}". Formats:
 
 - `kilt`: KILT knowledge source jsonl, one Wikipedia page a line, cut into word windows.
-- `dpr`: DPR / wiki-18 tsv (`id\\ttext\\ttitle`, csv-quoted).
+- `dpr`: DPR / wiki-18 tsv (`id\\ttext\\ttitle`), one passage per line; a field wrapped in
+  quotes with inner quotes doubled (how DPR's csv writer quotes) is unquoted, any other quote is
+  text. A quote never spans lines: with csv quoting, one stray quote silently merged every row up
+  to the next quote into one passage.
 - `flashrag`: FlashRAG / Search-R1 jsonl, `{"id", "contents": "\\"Title\\"\\ntext"}`; the title
   line is kept as written, quotes included (`strip_title_quotes` to remove them).
 - `hotpotqa`, `2wikimultihopqa`, `musique`: the paragraphs shipped with those QA sets. They have
@@ -18,17 +21,18 @@ transparently since that is how DPR and Search-R1 distribute their corpora.
 
 from __future__ import annotations
 
-import csv
 import gzip
 import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -245,21 +249,13 @@ _DPR_HEADER = ["id", "text", "title"]
 
 def _dpr(path: PathLike, words: int) -> Located:
     name = str(path)
-    # Decoded lines keep their newlines, which is what csv needs for quoted fields spanning lines.
-    reader = csv.reader((text for _, text in text_lines(path)), delimiter="\t", quotechar='"')
-    next_line = 1
     header_seen = rows_seen = False
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as exc:
-            raise DataFormatError(path, f"invalid TSV: {exc}", line=reader.line_num) from None
-        at = Where(name, line=next_line)
-        next_line = reader.line_num + 1
-        if not row:
+    for lineno, raw in text_lines(path):
+        line = raw.rstrip("\n").removesuffix("\r")
+        if not line.strip():
             continue
+        at = Where(name, line=lineno)
+        row = [_tsv_unquote(field) for field in line.split("\t")]
         if not header_seen:
             if row != _DPR_HEADER:
                 raise at.error(f"expected the header 'id<TAB>text<TAB>title', got {row!r:.80}")
@@ -276,6 +272,15 @@ def _dpr(path: PathLike, words: int) -> Located:
         yield at, {"id": passage_id, "title": title, "text": text}
     if not rows_seen:
         raise DataFormatError(path, "empty file: no passages" + (" after the header" if header_seen else ""))
+
+
+def _tsv_unquote(field: str) -> str:
+    """A csv-quoted field ("a ""b"" c") → a "b" c; anything else, stray quotes included, as is."""
+    if len(field) >= 2 and field[0] == field[-1] == '"':
+        inner = field[1:-1]
+        if '"' not in inner.replace('""', ""):
+            return inner.replace('""', '"')
+    return field
 
 
 def split_contents(contents: str) -> tuple[str, str]:
@@ -528,6 +533,48 @@ def _located_inputs(fmt: str, inputs: list[str], words: int) -> Iterator[tuple[i
             raise DataFormatError(path, "no passages in file")
 
 
+class _LengthOutliers:
+    """Passages far longer than the corpus's typical passage, reported as a warning in the job log.
+
+    Corpora come pre-split into passages of similar size (100 words in wiki-18); one many times
+    the median is almost always rows merged by a broken input line, which no per-row check sees.
+    Lengths are kept as int32 (84 MB for wiki-18's 21M passages) and the longest few with their
+    places, so the warning can name them.
+    """
+
+    FACTOR = 10  # a passage longer than FACTOR x the median length is an outlier
+    MIN_CHARS = 5_000  # ... and longer than this, so that a corpus of one-line passages is not flagged
+    SHOWN = 5
+
+    def __init__(self) -> None:
+        self._lengths: list[np.ndarray] = []
+        self._longest: list[tuple[int, str, str]] = []  # (chars, where, id)
+
+    def add(self, texts: pa.Array, batch: list) -> None:
+        lengths = pc.utf8_length(texts).to_numpy(zero_copy_only=False).astype(np.int32)
+        self._lengths.append(lengths)
+        for k in np.argsort(lengths)[-self.SHOWN:]:
+            _, at, passage = batch[k]
+            self._longest.append((int(lengths[k]), str(at), passage["id"]))
+        self._longest = sorted(self._longest, reverse=True)[: self.SHOWN]
+
+    def report(self, stream=None) -> int:
+        if not self._lengths:
+            return 0
+        lengths = np.concatenate(self._lengths)
+        median = float(np.median(lengths))
+        threshold = max(self.FACTOR * median, self.MIN_CHARS)
+        count = int((lengths > threshold).sum())
+        if count:
+            shown = "; ".join(f"{where} id {pid!r} ({chars} chars)" for chars, where, pid in self._longest
+                              if chars > threshold)
+            print(f"[corpus] warning: {count} passage(s) longer than {threshold:.0f} characters "
+                  f"(the median is {median:.0f}): {shown}. Rows merged by a stray quote or a "
+                  "missing line break look like this; check those lines.",
+                  file=stream if stream is not None else sys.stderr, flush=True)
+        return count
+
+
 def _batches(items: Iterable, size: int) -> Iterator[list]:
     batch = []
     for item in items:
@@ -567,16 +614,19 @@ def write_passages(
     if fmt in CONTENT_ADDRESSED:
         located = _first_occurrences(located)
     ledger = None if fmt in CONTENT_ADDRESSED else _IdLedger()
+    outliers = _LengthOutliers()
     total = 0
     with atomic_path(out_path) as tmp:
         with pq.ParquetWriter(tmp, PASSAGE_SCHEMA, compression="zstd") as writer:
             for batch in _batches(located, batch_rows):
                 ids = pa.array([p["id"] for _, _, p in batch], pa.string())
+                texts = pa.array([p["text"] for _, _, p in batch], pa.string())
+                outliers.add(texts, batch)
                 table = pa.Table.from_arrays(
                     [
                         ids,
                         pa.array([p["title"] for _, _, p in batch], pa.string()),
-                        pa.array([p["text"] for _, _, p in batch], pa.string()),
+                        texts,
                         pa.array([label] * len(batch), pa.string()),
                     ],
                     schema=PASSAGE_SCHEMA,
@@ -594,6 +644,7 @@ def write_passages(
                 line=second_line,
                 field="id",
             )
+    outliers.report()
     return total
 
 

@@ -30,9 +30,8 @@ from typing import Any
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ragrl.io import write_json, write_parquet
+from ragrl.io import read_columns, write_json, write_parquet
 from ragrl.rewards.qa import cover_exact_match, exact_match, f1, format_reward
 
 METRIC_COLUMNS = ("em", "f1", "cover_em", "format", "turns", "searches")
@@ -171,8 +170,7 @@ def _quiet_progress_bars() -> None:
 
 def _read_questions(path: str | Path, limit: int | None) -> list[dict]:
     # metadata carries a KGQA row's answer entities (text and KB id) for the KG metrics.
-    columns = [c for c in ("id", "question", "golden_answers", "metadata") if c in pq.read_schema(path).names]
-    table = pq.read_table(path, columns=columns)
+    table = read_columns(path, ["id", "question", "golden_answers"], optional=("metadata",))
     if limit is not None:
         table = table.slice(0, max(limit, 0))
     return table.to_pylist()

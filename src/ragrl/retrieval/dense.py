@@ -28,7 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragrl.io import atomic_dir, atomic_path, write_json
+from ragrl.paths import relative_to_dir
 from ragrl.progress import progress
+from ragrl.retrieval.factory import faiss_reason
 from ragrl.retrieval.encoder import Encoder, passage_contents
 
 INDEX_FILE = "index.faiss"
@@ -282,7 +284,11 @@ def build_faiss_index(
     if passages is not None:
         info["passages"] = str(passages)
     dim = shards[0].array.shape[1]
-    index = faiss.index_factory(dim, index_factory, METRICS[metric])
+    try:
+        index = faiss.index_factory(dim, index_factory, METRICS[metric])
+    except RuntimeError as exc:
+        raise ValueError(f"FAISS index factory {index_factory!r} for {dim}-dimensional embeddings: "
+                         f"{faiss_reason(str(exc))}") from None
     skipped_polysemous = _skip_polysemous_training(index)
 
     trained_on, gpu_train = 0, False
@@ -314,6 +320,8 @@ def build_faiss_index(
         # Peak of the whole process so far (Linux reports KiB); in a one-rule job that is the build.
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    if meta.get("passages"):
+        meta["passages"] = relative_to_dir(meta["passages"], out_dir)
     with atomic_dir(out_dir) as tmp:
         faiss.write_index(index, str(tmp / INDEX_FILE))
         write_json(meta, tmp / META_FILE)

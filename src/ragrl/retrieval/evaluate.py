@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 
-from ragrl.io import write_json, write_text
+from ragrl.io import read_columns, write_json, write_text
 from ragrl.progress import progress
 
 
@@ -27,7 +26,7 @@ def support_scores(retrieved: Sequence[str], supporting: Sequence[str], k: int) 
 
 def evaluate_retrieval(searcher, qa_path: str | Path, ks: Sequence[int], batch_size: int = 64) -> list[dict]:
     """Mean recall/hit/all at each k over the questions of `qa_path` that have supporting ids."""
-    table = pq.read_table(qa_path, columns=["question", "supporting_ids"]).to_pydict()
+    table = read_columns(qa_path, ["question", "supporting_ids"]).to_pydict()
     items = [(q, s) for q, s in zip(table["question"], table["supporting_ids"]) if s]
     if not items:
         raise ValueError(f"{qa_path}: no question has supporting_ids; recall cannot be measured")

@@ -168,13 +168,14 @@ def _meta(index_dir: str | Path) -> dict[str, Any]:
 
 def _passages_path(recorded: str | None, index_dir: Path) -> Path:
     if not recorded:
-        raise ValueError(f"{index_dir / META_FILE} records no passages file; pass passages=")
-    # Meta records the path as the build saw it (relative to the workflow dir); also try it
-    # relative to the index dir so a moved results tree still loads.
-    for candidate in (Path(recorded), index_dir / recorded):
+        raise ValueError(f"{index_dir / META_FILE} records no passages file; give it with --passages")
+    # Meta records the path relative to the index dir (or absolute); indexes built before that
+    # recorded it relative to the directory they were built from, tried last.
+    for candidate in (index_dir / recorded, Path(recorded)):
         if candidate.exists():
             return candidate
-    raise FileNotFoundError(f"passages file {recorded!r} recorded in {index_dir / META_FILE} not found; pass passages=")
+    raise FileNotFoundError(f"passages file {recorded!r} recorded in {index_dir / META_FILE} not found "
+                            f"(from {index_dir}); give the passages parquet with --passages")
 
 
 def load_searcher(

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import httpx
-import pyarrow.parquet as pq
 
-from ragrl.io import write_json
+from ragrl.io import read_columns, write_json
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -54,7 +53,7 @@ def check_service(index_args: list[str], searcher, qa_path: str | Path, out: str
     Agreement may fall short of 1.0 only through near-ties: the server encodes queries in other
     batch compositions, which moves embeddings by float rounding.
     """
-    questions = pq.read_table(qa_path, columns=["question"]).column("question").to_pylist()[:max_questions]
+    questions = read_columns(qa_path, ["question"]).column("question").to_pylist()[:max_questions]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "ragrl", "serve-retriever", *index_args, "--host", "127.0.0.1", "--port", str(port)]

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ragrl.io import atomic_dir, write_json
+from ragrl.paths import relative_to_dir
 from ragrl.progress import progress
 from ragrl.retrieval.encoder import passage_contents
 
@@ -81,7 +82,7 @@ def build_bm25(
     del doc_ids
     meta = {
         "kind": "bm25",
-        "passages": str(passages_parquet),
+        "passages": relative_to_dir(passages_parquet, out_dir),
         "num_passages": n,
         "k1": k1,
         "b": b,

@@ -16,13 +16,14 @@ from ragrl.recipe import Recipe, sft_args
 
 
 def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: str | None = None,
-                  kg: Path | None = None, kg_mode: str = "whole", kg_url: str | None = None) -> dict[str, Any]:
+                  passages: Path | None = None, kg: Path | None = None, kg_mode: str = "whole",
+                  kg_url: str | None = None) -> dict[str, Any]:
     """What the CLI flags name, by input kind: a passage retriever (`retriever`), a knowledge graph (`graph`)."""
     backends: dict[str, Any] = {}
     if index is not None or bm25 is not None:
         from ragrl.retrieval.searcher import load_searcher
 
-        backends["retriever"] = load_searcher(index, bm25, mode)
+        backends["retriever"] = load_searcher(index, bm25, mode, passages=passages)
     if kg_url:
         from ragrl.kg.client import KGClient
 
@@ -84,11 +85,14 @@ def rl(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out_
                         mode=flags.get("mode"), limit=limit, log_out=log_out)
     from ragrl.stages.agent_rl import train_agent
 
-    # Anything the environment reads that can describe itself (a KG's datasets) joins the resume check.
+    # The files the environment reads key the resume check by content (ragrl.workdir), and a KG
+    # service's description of what it serves by value.
+    flags = dict(flags or {})
+    inputs = {k: flags.get(k) for k in ("index", "bm25", "passages", "kg") if flags.get(k) is not None}
     fingerprint = {kind: b.health().get("datasets", {}) for kind, b in backends.items()
                    if kind != "retriever" and hasattr(b, "health")}
     return train_agent(recipe, qa, policy, out_dir, environment(recipe, backends), limit=limit, log_out=log_out,
-                       fingerprint=fingerprint)
+                       fingerprint=fingerprint, inputs=inputs)
 
 
 def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any], out_dir: Path, *, run_id: str,

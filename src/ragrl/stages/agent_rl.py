@@ -8,9 +8,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from ragrl.io import atomic_path
+from ragrl.io import atomic_path, read_columns
 from ragrl.recipe import Recipe, rl_config
 
 
@@ -52,21 +50,24 @@ def make_rollout_fn(recipe: Recipe, tokenizer, env):
 
 
 def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, limit: int | None = None,
-                log_out: Path | None = None, fingerprint: dict | None = None) -> Path:
-    """RL of `policy` on the questions of `qa` in `env`. `fingerprint`: anything else the training
-    depends on (e.g. the KG), for the resume check."""
+                log_out: Path | None = None, fingerprint: dict | None = None, inputs: dict | None = None) -> Path:
+    """RL of `policy` on the questions of `qa` in `env`. `fingerprint`: other settings the training
+    depends on, `inputs`: other files or directories it reads (index, KG); both key the resume
+    check, with the policy and the QA file, by content."""
     from transformers import AutoTokenizer
 
     from ragrl.train.checkpoint import prepare_work_dir
     from ragrl.train.rl import train_rl
 
-    columns = [c for c in ("id", "question", "golden_answers", "metadata") if c in pq.read_schema(qa).names]
-    table = pq.read_table(qa, columns=columns).to_pylist()
+    # Everything that can be wrong with the settings or the data fails here, before the work dir
+    # (a previous training's checkpoints) is touched.
+    cfg = rl_config(recipe)
+    table = read_columns(qa, ["id", "question", "golden_answers"], optional=("metadata",)).to_pylist()
     prompts = table[:limit] if limit else table
-    prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
-                                     "limit": limit, **(fingerprint or {})})
+    prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "limit": limit, **(fingerprint or {})},
+                     {"policy": policy, "qa": qa, **(inputs or {})})
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    final = train_rl(policy, None, prompts, make_rollout_fn(recipe, tokenizer, env), rl_config(recipe), out_dir)
+    final = train_rl(policy, None, prompts, make_rollout_fn(recipe, tokenizer, env), cfg, out_dir)
     if log_out is not None:
         # The running log lives next to the checkpoints (it must survive a kill); the declared
         # output is a copy made once training is complete.

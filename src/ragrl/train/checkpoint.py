@@ -20,7 +20,6 @@ why DeepSpeed's own save_checkpoint (which pickles loss-scaler and enum objects)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -33,12 +32,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ragrl.io import atomic_dir, atomic_path, canonical_json, write_json
+from ragrl.io import atomic_dir, publish_tree_modes, write_json
+from ragrl import workdir
+from ragrl.workdir import release_superseded
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
 TRAINER_STATE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards and their index
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -67,9 +69,11 @@ def read_trainer_state(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def is_finished(out_dir: str | os.PathLike, steps: int) -> bool:
-    """True when out_dir/final holds a model trained for at least `steps` steps."""
-    state_file = Path(out_dir) / FINAL / TRAINER_STATE
-    if not state_file.is_file():
+    """True when out_dir/final holds a model trained for at least `steps` steps. Without its
+    weights (Snakemake deletes a re-run job's declared output first) it is not finished."""
+    final = Path(out_dir) / FINAL
+    state_file = final / TRAINER_STATE
+    if not state_file.is_file() or not any((final / n).is_file() for n in _WEIGHTS):
         return False
     state = json.loads(state_file.read_text())
     return bool(state.get("finished")) and int(state.get("step", -1)) >= steps
@@ -243,11 +247,14 @@ def save_checkpoint(
     if accelerator.is_main_process:
         # trainer_state.json last: it is what makes a directory count as a checkpoint.
         write_json({**trainer_state, "step": step, "num_processes": accelerator.num_processes}, tmp / TRAINER_STATE)
+        publish_tree_modes(tmp)
         if final_dir.exists():
             shutil.rmtree(final_dir)
         os.replace(tmp, final_dir)
         for _, old in list_checkpoints(out_dir)[: -max(keep, 1)]:
             shutil.rmtree(old, ignore_errors=True)
+        # The work of an earlier definition was kept until this run had something to resume from.
+        release_superseded(out_dir)
     accelerator.wait_for_everyone()
     return final_dir
 
@@ -286,19 +293,14 @@ def save_final(
     return final
 
 
-def prepare_work_dir(out_dir: Path, definition: dict) -> None:
-    """Keep checkpoints only if they belong to this exact training; they are what a killed job
-    resumes from, but a job re-run because its settings changed must start over, not resume."""
-    fingerprint = hashlib.sha256(canonical_json(definition).encode()).hexdigest()
-    stamp = out_dir / "definition.sha256"
-    if out_dir.exists() and (not stamp.exists() or stamp.read_text().strip() != fingerprint):
-        print(f"[rl] settings changed since the checkpoints in {out_dir} were written: starting over")
-        shutil.rmtree(out_dir)
-    final = out_dir / "final"
-    if final.exists() and not (final / "model.safetensors").exists():
+def prepare_work_dir(out_dir: Path, definition: dict, inputs: dict | None = None) -> None:
+    """Keep checkpoints only if they belong to this exact training (settings and input contents,
+    see ragrl.workdir): they are what a killed job resumes from, but a job re-run because its
+    settings or inputs changed must start over, and the old checkpoints are only set aside.
+    Both RL backends (ours, verl) call this."""
+    workdir.prepare_work_dir(out_dir, definition, inputs, tag="rl")
+    final = out_dir / FINAL
+    if workdir.is_main_process() and final.exists() and not (final / "model.safetensors").exists():
         # Snakemake removed the declared output (a forced re-run): rebuild final/ from the last
         # checkpoint instead of reporting the finished run as done without its weights.
         shutil.rmtree(final)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(stamp) as tmp:
-        tmp.write_text(fingerprint + "\n")

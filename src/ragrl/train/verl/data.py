@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragrl.io import atomic_path
+from ragrl.io import atomic_path, read_columns
 
 SCHEMA = pa.schema([
     ("data_source", pa.string()),
@@ -53,7 +53,7 @@ def write_verl_parquet(qa: Path, out: Path, recipe, tokenizer, *, split: str = "
     """Write verl's parquet for the questions of `qa`; returns {rows, max_prompt_length}."""
     from ragrl.agent.protocol import build_instruction
 
-    rows = pq.read_table(qa, columns=["id", "question", "golden_answers"]).to_pylist()
+    rows = read_columns(qa, ["id", "question", "golden_answers"]).to_pylist()
     rows = rows[:limit] if limit else rows
     if not rows:
         raise ValueError(f"{qa}: no questions to train on")

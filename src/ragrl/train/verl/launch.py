@@ -41,6 +41,7 @@ import yaml
 
 from ragrl.io import atomic_dir, atomic_path
 from ragrl.train.verl.overrides import AGENT_NAME, VerlCluster, VerlPaths, build_overrides
+from ragrl.workdir import release_superseded
 
 REPO = Path(__file__).resolve().parents[4]
 AGENT_LOOP_TARGET = "ragrl.train.verl.agent_loop.RagrlAgentLoop"
@@ -172,13 +173,15 @@ def run_verl(recipe, qa: Path, policy: Path, out_dir: Path, *, index: Path | Non
              mode: str | None = None, limit: int | None = None, log_out: Path | None = None) -> Path:
     from transformers import AutoTokenizer
 
+    from ragrl.recipe import rl_config
     from ragrl.train.checkpoint import prepare_work_dir
     from ragrl.train.verl.data import check_prompts_match_engine, write_verl_parquet
 
     out_dir = Path(out_dir).resolve()
     python, launcher = verl_python(), launcher_script()
-    prepare_work_dir(out_dir, {"recipe": dataclasses.asdict(recipe), "policy": str(policy), "qa": str(qa),
-                                "limit": limit, "backend": "verl"})
+    rl_config(recipe)  # a bad setting fails before the work dir (earlier checkpoints) is touched
+    prepare_work_dir(out_dir, {"recipe": dataclasses.asdict(recipe), "limit": limit, "backend": "verl"},
+                     {"policy": policy, "qa": qa, "index": index, "bm25": bm25})
     tokenizer = AutoTokenizer.from_pretrained(policy)
     train = out_dir / "verl_data" / "train.parquet"
     stats = write_verl_parquet(qa, train, recipe, tokenizer, limit=limit)
@@ -219,6 +222,8 @@ def run_verl(recipe, qa: Path, policy: Path, out_dir: Path, *, index: Path | Non
             raise RuntimeError(f"the model merger wrote {sorted(p.name for p in tmp.iterdir())}, no single "
                                "model.safetensors (a model over save_pretrained's 50 GB shard size); rule rl declares "
                                "final/model.safetensors")
+    # verl writes its checkpoints itself; the superseded work goes once this one's model exists.
+    release_superseded(out_dir)
     records = convert_log(sorted(logs.glob("attempt-*.jsonl")))
     with atomic_path(out_dir / "train_log.jsonl") as tmp:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
