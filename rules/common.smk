@@ -51,23 +51,32 @@ def _check_models():
 
 
 def _check_recipes():
-    # Every key of every recipe section against the dataclass or method it feeds, and each SFT
-    # route against its data: a typo or an impossible route fails `snakemake -n`, not a job.
+    # Every key of every recipe section against the dataclass or method it feeds: a typo fails
+    # `snakemake -n`, not a job hours into a run.
     errors = []
     for name, settings in config["recipes"].items():
         try:
-            parsed = parse_recipe(settings, name)
+            parse_recipe(settings, name)
         except (ValueError, TypeError) as exc:
             errors.append(str(exc))
+    if errors:
+        raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _check_sft_routes():
+    # A route that cannot make SFT data from its dataset (gold plans on real questions) fails here,
+    # saying what to set instead.
+    errors = []
+    for name, settings in config["recipes"].items():
+        parsed = parse_recipe(settings, name)
+        method, dataset = parsed.method, config["datasets"][settings["train_dataset"]]
+        if not sft_enabled(name) or parsed.sft_source != "gold" or method.gold_sft_reason is None:
             continue
-        dataset = config["datasets"].get(settings["train_dataset"])
-        if (parsed.method.sft_data and settings["sft"].get("enabled", True) and parsed.sft_source == "gold"
-                and dataset is not None and parsed.method.gold_sft_reason is not None):
-            why = parsed.method.gold_sft_reason(dataset)
-            if why:
-                errors.append(f"config key 'recipes.{name}.sft.source': gold (the default) cannot be used: {why}. "
-                              "Set sft.source: teacher (with sft.teacher: {base_url, model}), sft.source: import "
-                              "(with sft.import: {path, format}), or sft.enabled: false")
+        why = method.gold_sft_reason(dataset)
+        if why:
+            errors.append(f"config key 'recipes.{name}.sft.source': gold (the default) cannot be used: {why}. "
+                          "Set sft.source: teacher (with sft.teacher: {base_url, model}), sft.source: import "
+                          "(with sft.import: {path, format}), or sft.enabled: false")
     if errors:
         raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -507,4 +516,5 @@ def all_outputs():
 _check_models()
 _check_recipes()
 _check_references()
+_check_sft_routes()
 _check_index_factories()

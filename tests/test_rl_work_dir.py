@@ -4,6 +4,7 @@ the new one has its own (issue 18 F1, F2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -118,9 +119,13 @@ def test_unknown_rl_setting_fails_before_the_work_dir_is_touched(tmp_path):
     _prepare_work_dir(work, {"lr": 1e-4})
     _checkpoint(work, 2)
     before = sorted(p.relative_to(work) for p in work.rglob("*"))
-    recipe = parse_recipe({"env": "kg", "rl": {"stepz": 3}}, "kg_r1")
+    # Reading the recipe rejects the key (so `snakemake -n` does, before any job) ...
     with pytest.raises(ValueError, match=r"recipes\.kg_r1\.rl.*'stepz'"):
-        train_agent(recipe, tmp_path / "qa.parquet", tmp_path / "policy", work, make_rollout_fn=None)
+        parse_recipe({"env": "kg", "rl": {"stepz": 3}}, "kg_r1")
+    # ... and the RL job checks again before it touches the work dir, whatever built its recipe.
+    recipe = dataclasses.replace(parse_recipe({"env": "kg"}, "kg_r1"), rl={"stepz": 3})
+    with pytest.raises(ValueError, match=r"recipes\.kg_r1\.rl.*'stepz'"):
+        train_agent(recipe, tmp_path / "qa.parquet", tmp_path / "policy", work, None)
     assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
 
 

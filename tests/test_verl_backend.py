@@ -265,7 +265,7 @@ def test_launch_overrides_compose_with_hydra(launch):
     assert actor["loss_agg_mode"] == "seq-mean-token-mean" and actor["ppo_mini_batch_size"] == 4
     reward = cfg["reward"]["custom_reward_function"]
     assert reward["path"].endswith("ragrl/train/verl/reward.py") and reward["name"] == "compute_score"
-    assert reward["reward_kwargs"] == {"weights": {"em": 1.0, "format": 0.1}, "env": "search"}
+    assert reward["reward_kwargs"] == {"weights": {"em": 1.0, "format": 0.1}, "env": "search", "plugin": ""}
     assert cfg["data"]["train_files"] == str(launch.paths.train_parquet)
     assert cfg["data"]["max_prompt_length"] == launch.stats["max_prompt_length"]
     assert cfg["trainer"]["total_training_steps"] == 3 and cfg["trainer"]["save_freq"] == 2

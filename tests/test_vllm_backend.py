@@ -409,3 +409,34 @@ def test_server_errors_and_limits(server):
     # A budget past the context window is not an error: vLLM silently caps it at the room left.
     (out,) = gen.generate([[5] * (MAX_MODEL_LEN - 8)], 64, temperature=0)
     assert len(out) <= 8
+
+
+# --------------------------------------------------------------------------- (f) teacher SFT route
+
+
+def test_teacher_sft_route_through_the_cli(server, tmp_path):
+    """`ragrl sft-data` with `sft.source: teacher` rolls out the model behind a real
+    OpenAI-compatible server (here vLLM serving the untrained tiny policy) and keeps only correct
+    trajectories. The tiny policy answers nothing right, so the job must say so and write
+    nothing: no silent empty SFT set. (A teacher that can answer is a paper-scale model.)"""
+    import json
+
+    root = tmp_path
+    write_world(server.world, root / "world")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    ragrl = [sys.executable, "-m", "ragrl"]
+    built = subprocess.run([*ragrl, "index", "bm25", "--passages", str(root / "world/passages.parquet"),
+                            "--out", str(root / "bm25")], capture_output=True, text=True, env=env, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    recipe = {"env": "search", "topk": 2,
+              "rollout": {"max_turns": 1, "max_turn_tokens": 16, "max_obs_tokens": 200, "max_response_tokens": 300},
+              "sft": {"source": "teacher", "teacher": {"base_url": server.url, "model": SERVED_NAME, "batch_size": 4}}}
+    out = root / "sft.parquet"
+    proc = subprocess.run([*ragrl, "sft-data", "--recipe", json.dumps(recipe), "--recipe-name", "teach",
+                           "--bm25", str(root / "bm25"), "--qa", str(root / "world/qa/train.parquet"),
+                           "--policy", str(server.model_dir), "--limit", "6", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-3000:]
+    assert "no SFT trajectories" in text and "'source': 'teacher'" in text and "'total': 6" in text, text[-2000:]
+    assert not out.exists()

@@ -18,6 +18,7 @@ Hooks import what they need when called.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -139,7 +140,7 @@ def load_plugin(plugin: str):
         path = Path(plugin).resolve()
         if not path.is_file():
             raise FileNotFoundError(f"plugin {plugin!r}: no such file")
-        module_name = f"ragrl_plugin_{path.stem}_{abs(hash(str(path))):x}"
+        module_name = f"ragrl_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
         if module_name in sys.modules:
             return sys.modules[module_name]
         spec = importlib.util.spec_from_file_location(module_name, path)
