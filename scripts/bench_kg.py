@@ -47,120 +47,40 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
-import resource
-import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib.py sits next to this script
+from benchlib import (  # noqa: E402
+    MB,
+    BenchRun,
+    ClosedLoop,
+    ServerProcess,
+    loadavg,
+    log,
+    median_or_none,
+    pct,
+    ragrl_cmd,
+    rss_mb,
+    run_measured,
+    set_log_tag,
+    write_summary,
+)
+
+set_log_tag("bench-kg")
 STAGES = ("world", "inprocess", "http")
 OPS = ("get_relations_out", "get_relations_in", "get_entities_out", "get_entities_in")
 DEFAULT_SIZE = "126000"  # people -> ~1.0M KG triples
-MB = 1024 * 1024
-_T0 = time.monotonic()
+VERSIONS_OF = ("numpy", "pyarrow", "fastapi", "uvicorn", "httpx")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def log(msg: str) -> None:
-    print(f"[bench-kg {time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    return env
-
-
-def ragrl_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ragrl", *args]
-
-
-def proc_status_kb(pid: int | str = "self") -> dict[str, int]:
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
-                    out[key] = int(rest.split()[0])
-    except (FileNotFoundError, ProcessLookupError, ValueError, PermissionError):
-        pass
-    return out
-
-
-def rss_mb(pid: int | str = "self") -> dict[str, float]:
-    s = proc_status_kb(pid)
-    return {"rss_mb": round(s.get("VmRSS", 0) / 1024, 1), "peak_rss_mb": round(s.get("VmHWM", 0) / 1024, 1)}
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return None
-
-
-def run_measured(cmd: list[str], log_path: Path) -> dict[str, Any]:
-    """Run `cmd` to completion; wall time, CPU time and peak RSS of that one child (os.wait4)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log(f"$ {' '.join(cmd)}  (log: {log_path})")
-    start = time.monotonic()
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env())
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.monotonic() - start
-    if proc.returncode != 0:
-        tail = log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"command failed with exit code {proc.returncode}: {cmd}\n--- log tail ---\n{tail}")
-    r = {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-         "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
-    log(f"  done in {r['wall_s']} s, peak RSS {r['peak_rss_mb']} MB")
-    return r
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "cpu_count": os.cpu_count()}
-    try:
-        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")]
-        info["cpu_model"] = names[0] if names else None
-        mem = [ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")]
-        info["mem_total_gib"] = round(int(mem[0].split()[1]) / 1024 / 1024, 1) if mem else None
-    except OSError:
-        pass
-    from importlib.metadata import PackageNotFoundError, version
-
-    info["versions"] = {}
-    for p in ("numpy", "pyarrow", "fastapi", "uvicorn", "httpx"):
-        try:
-            info["versions"][p] = version(p)
-        except PackageNotFoundError:
-            pass
-    return info
 
 
 def _git_commit() -> str | None:
@@ -172,10 +92,6 @@ def _git_commit() -> str | None:
         return out.stdout.strip() + (" (src/ragrl/kg modified)" if dirty else "") if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
 def rate(fn: Callable[..., Any], items: list[tuple], duration: float, per_call: int = 1,
@@ -458,7 +374,7 @@ def inprocess_worker(args: argparse.Namespace) -> dict[str, Any]:
         chunks = [(reqs[i : i + b],) for i in range(0, len(reqs) - b + 1, b)]
         mixed[f"service_batch{b}"] = rate(service.retrieve, chunks, d, per_call=b, warmup=2)
     res["mixed"] = mixed
-    log(f"  [worker] mixed list: " + ", ".join(f"{k} {v['ops_per_s']}/s" for k, v in mixed.items()))
+    log("  [worker] mixed list: " + ", ".join(f"{k} {v['ops_per_s']}/s" for k, v in mixed.items()))
     res["process"] = rss_mb()
     res["loadavg_end"] = loadavg()
     return res
@@ -467,59 +383,15 @@ def inprocess_worker(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- HTTP
 
 
-class KGServer:
+class KGServer(ServerProcess):
     """`ragrl serve-kg` on 127.0.0.1 in a subprocess; stopped by its pid."""
 
     def __init__(self, kg_dir: Path, log_path: Path, startup_timeout: float) -> None:
-        self.kg_dir, self.log_path, self.startup_timeout = kg_dir, log_path, startup_timeout
-        self.proc: subprocess.Popen | None = None
+        super().__init__(log_path, startup_timeout)
+        self.kg_dir = kg_dir
 
-    def __enter__(self) -> KGServer:
-        import httpx
-
-        with socket.socket() as s:  # ephemeral port; the tiny race with other binders is acceptable here
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = ragrl_cmd("serve-kg", "--kg", str(self.kg_dir), "--host", "127.0.0.1", "--port", str(self.port))
-        log(f"  starting `{' '.join(cmd[2:])}` (log: {self.log_path})")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")
-        start = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=child_env())
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
-                if time.monotonic() - start > self.startup_timeout:
-                    raise TimeoutError(f"server not healthy after {self.startup_timeout} s; see {self.log_path}")
-                try:
-                    if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
-        except BaseException:
-            self.__exit__()
-            raise
-        self.startup_s = round(time.monotonic() - start, 2)
-        log(f"  server pid {self.proc.pid} healthy after {self.startup_s} s")
-        return self
-
-    def cpu_s(self) -> float | None:
-        return proc_cpu_s(self.proc.pid) if self.proc else None
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # by pid: exactly the process this object started
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
-        log(f"  server stopped (exit {self.proc.returncode if self.proc else None})")
+    def command(self, host: str, port: int) -> list[str]:
+        return ragrl_cmd("serve-kg", "--kg", str(self.kg_dir), "--host", host, "--port", str(port))
 
 
 def load_test(server: KGServer, reqs: list[dict[str, Any]], batch: int, clients: int,
@@ -527,13 +399,7 @@ def load_test(server: KGServer, reqs: list[dict[str, Any]], batch: int, clients:
     """`clients` closed-loop threads, each POSTing `batch` items of `reqs` at a time for `duration` s."""
     from ragrl.kg.client import KGClient, KGServiceError
 
-    ready = threading.Barrier(clients + 1)
-    go = threading.Barrier(clients + 1)
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    errors = [0] * clients
-    error_samples: list[str] = []
-    ends = [0.0] * clients
-    state = {"deadline": 0.0}
+    loop = ClosedLoop(clients)
     stride = max(batch, len(reqs) // clients)
 
     def worker(i: int) -> None:
@@ -547,43 +413,26 @@ def load_test(server: KGServer, reqs: list[dict[str, Any]], batch: int, clients:
                 return out
 
             client.retrieve(chunk())  # opens the keep-alive connection
-            ready.wait()
-            go.wait()
-            deadline = state["deadline"]
+            deadline = loop.start_line()
             while time.monotonic() < deadline:
                 items = chunk()
                 t = time.perf_counter()
                 try:
                     client.retrieve(items)
-                    latencies[i].append(time.perf_counter() - t)
+                    loop.latencies[i].append(time.perf_counter() - t)
                 except KGServiceError as exc:
-                    errors[i] += 1
-                    if len(error_samples) < 5:
-                        error_samples.append(str(exc)[:300])
-            ends[i] = time.monotonic()
+                    loop.errors[i] += 1
+                    if len(loop.error_samples) < 5:
+                        loop.error_samples.append(str(exc)[:300])
+            loop.finished(i)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
-    for th in threads:
-        th.start()
-    ready.wait()
-    cpu_before = server.cpu_s()
-    self_before = resource.getrusage(resource.RUSAGE_SELF)
-    start = time.monotonic()
-    state["deadline"] = start + duration
-    go.wait()
-    for th in threads:
-        th.join()
-    wall = max(ends) - start
-    cpu_after = server.cpu_s()
-    self_after = resource.getrusage(resource.RUSAGE_SELF)
-    lat = [x for per in latencies for x in per]
+    m = loop.run(worker, server, duration)
+    wall, lat, server_cpu, client_cpu = m["wall_s"], m["latencies"], m["server_cpu_s"], m["client_cpu_s"]
     n = len(lat)
     ops = n * batch
-    server_cpu = (cpu_after - cpu_before) if cpu_before is not None and cpu_after is not None else None
-    client_cpu = (self_after.ru_utime + self_after.ru_stime) - (self_before.ru_utime + self_before.ru_stime)
     return {
-        "batch": batch, "clients": clients, "requests": n, "ops": ops, "errors": sum(errors),
-        "error_samples": error_samples, "seconds": round(wall, 3),
+        "batch": batch, "clients": clients, "requests": n, "ops": ops, "errors": sum(loop.errors),
+        "error_samples": loop.error_samples, "seconds": round(wall, 3),
         "ops_per_s": round(ops / wall, 1) if wall > 0 else None,
         "requests_per_s": round(n / wall, 1) if wall > 0 else None,
         "p50_ms": round(pct(lat, 50) * 1000, 2), "p99_ms": round(pct(lat, 99) * 1000, 2),
@@ -596,44 +445,19 @@ def load_test(server: KGServer, reqs: list[dict[str, Any]], batch: int, clients:
 # --------------------------------------------------------------------------- the run
 
 
-class Bench:
+class Bench(BenchRun):
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.out = args.out_dir.resolve()
+        super().__init__(args, args.out_dir, VERSIONS_OF, git_commit=_git_commit())
         self.world = self.out / "world"
         self.kg_dir = Path(args.kg_dir).resolve() if args.kg_dir else self.world / "kg" / "A"
-        self.logs = self.out / "logs"
-        self.results_path = self.out / "results.json"
         self.queries_path = self.out / "queries.json"
-        self.results: dict[str, Any] = {
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": machine_info(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "git_commit": _git_commit(),
-            "loadavg": {},
-        }
-
-    def save(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.results_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.results, indent=2) + "\n")
-        os.replace(tmp, self.results_path)
-
-    def stage_start(self, name: str) -> None:
-        self.results["loadavg"][name] = loadavg()
-        log(f"=== stage {name} (load average {self.results['loadavg'][name]}) ===")
 
     def world_stage(self) -> None:
         self.stage_start("world")
         if self.args.kg_dir:
             log(f"  --kg-dir given: using {self.kg_dir}, no world generated")
             return
-        if self.world.exists():
-            shutil.rmtree(self.world)
-        m = run_measured(ragrl_cmd("world", "--seed", str(self.args.seed), "--size", self.args.size,
-                                   "--out", str(self.world)), self.logs / "world.log")
-        manifest = json.loads((self.world / "manifest.json").read_text())
+        m, manifest = self.generate_world(self.world)
         self.results["world"] = {**m, "size": self.args.size, "seed": self.args.seed,
                                  "people": manifest["people"], "entities": manifest["entities"],
                                  "facts": manifest["facts"], "passages": manifest["passages"],
@@ -683,8 +507,8 @@ class Bench:
                     "ops_per_s_all": [s["ops_per_s"] for s in runs],
                     "p50_ms": round(float(np.median([s["p50_ms"] for s in runs])), 2),
                     "p99_ms": round(float(np.median([s["p99_ms"] for s in runs])), 2),
-                    "server_cpu_us_per_op": _median([s["server_cpu_us_per_op"] for s in runs]),
-                    "client_cpu_us_per_op": _median([s["client_cpu_us_per_op"] for s in runs]),
+                    "server_cpu_us_per_op": median_or_none([s["server_cpu_us_per_op"] for s in runs], 1),
+                    "client_cpu_us_per_op": median_or_none([s["client_cpu_us_per_op"] for s in runs], 1),
                     "errors": sum(s["errors"] for s in runs),
                 }
         res["summary"] = summary
@@ -694,11 +518,6 @@ class Bench:
             row["over_scan"] = ratio(row["ops_per_s"], scan)
             inproc = mixed.get(f"service_batch{row['batch']}", {}).get("ops_per_s")
             row["over_inprocess_same_batch"] = ratio(row["ops_per_s"], inproc)
-
-
-def _median(values: list[Any]) -> float | None:
-    values = [v for v in values if v is not None]
-    return round(float(np.median(values)), 1) if values else None
 
 
 # --------------------------------------------------------------------------- report
@@ -841,48 +660,14 @@ def main(argv: list[str] | None = None) -> int:
         args.worker_out.write_text(json.dumps(res, indent=2) + "\n")
         return 0
     if args.report_only:
-        results = json.loads((args.out_dir / "results.json").read_text())
-        md = summary_markdown(results)
-        (args.out_dir / "summary.md").write_text(md + "\n")
-        print(md)
+        write_summary(args.out_dir, summary_markdown(json.loads((args.out_dir / "results.json").read_text())))
         return 0
     bench = Bench(args)
-    bench.out.mkdir(parents=True, exist_ok=True)
-    if "world" not in args.stages and bench.results_path.exists():
-        previous = json.loads(bench.results_path.read_text())
-        previous["commands"] = [*previous.get("commands", [previous.get("command")]), bench.results["command"]]
-        previous.update({k: v for k, v in bench.results.items() if k not in ("loadavg", "started")})
-        previous.setdefault("loadavg", {})
-        previous.pop("failed_stages", None)
-        bench.results = previous
-    else:
-        bench.results["commands"] = [bench.results["command"]]
+    bench.begin(merge="world" not in args.stages)
     log(f"out dir {bench.out}; KG {bench.kg_dir}; stages {args.stages}")
     fns = {"world": bench.world_stage, "inprocess": bench.inprocess_stage, "http": bench.http_stage}
-    failed = []
-    for name in STAGES:
-        if name not in args.stages:
-            continue
-        t = time.monotonic()
-        try:
-            fns[name]()
-        except Exception as exc:  # noqa: BLE001 - record, keep what the other stages can still measure
-            log(f"stage {name} FAILED: {type(exc).__name__}: {exc}")
-            bench.results.setdefault("failed_stages", {})[name] = f"{type(exc).__name__}: {exc}"[:4000]
-            failed.append(name)
-            bench.save()
-            if name == "world":
-                break
-        bench.results.setdefault("stage_seconds", {})[name] = round(time.monotonic() - t, 1)
-        bench.save()
-    bench.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    bench.results["total_seconds_last_run"] = round(time.monotonic() - _T0, 1)
-    bench.save()
-    md = summary_markdown(bench.results)
-    (bench.out / "summary.md").write_text(md + "\n")
-    print(md)
-    log(f"results: {bench.results_path}; summary: {bench.out / 'summary.md'}; "
-        f"total {bench.results['total_seconds_last_run']} s")
+    failed = bench.run_stages(STAGES, args.stages, fns, fatal=("world",))
+    bench.finish(summary_markdown)
     return 1 if failed else 0
 
 

@@ -41,11 +41,6 @@ import argparse
 import gc
 import json
 import os
-import platform
-import resource
-import shutil
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -54,6 +49,23 @@ from typing import Any, Callable
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib.py sits next to this script
+from benchlib import (  # noqa: E402
+    MB,
+    BenchRun,
+    ClosedLoop,
+    ServerProcess,
+    loadavg,
+    log,
+    median_or_none,
+    pct,
+    ragrl_cmd,
+    run_measured,
+    set_log_tag,
+    write_summary,
+)
+
+set_log_tag("bench")
 STAGES = ("world", "embed", "build", "bm25", "inprocess", "service", "bm25q", "malformed")
 # Request bodies no client should send, one of each kind issue 18 (F5, F6) found answered with 500.
 MALFORMED_BODIES: dict[str, bytes] = {
@@ -64,7 +76,7 @@ MALFORMED_BODIES: dict[str, bytes] = {
     "negative_topk": b'{"queries": ["q"], "topk": -1}',
 }
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-MB = 1024 * 1024
+VERSIONS_OF = ("torch", "faiss-cpu", "sentence-transformers", "bm25s", "fastapi", "uvicorn", "httpx")
 # Threading settings for the processes that encode queries. torch (its own libgomp) and faiss-cpu
 # (another libgomp) each start one thread per core; on a small shared machine a preempted OpenMP
 # thread stalls every parallel region, so one thread is also measured.
@@ -85,124 +97,13 @@ SERVICE_VARIANTS: dict[str, dict[str, Any]] = {
     # not run by default: the defaults with OpenMP threads that sleep at once instead of spinning
     "microbatch_passive": {"max_batch": 64, "batch_window_ms": 5.0, "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
 }
-_T0 = time.monotonic()
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.update(extra or {})
-    return env
-
-
-def ragrl_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ragrl", *args]
-
-
 def file_mb(path: Path) -> float:
     return round(path.stat().st_size / MB, 1)
-
-
-def _proc_status_kb(pid: int) -> dict[str, int]:
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
-                    out[key] = int(rest.split()[0])
-    except (FileNotFoundError, ProcessLookupError, ValueError, PermissionError):
-        pass
-    return out
-
-
-def _proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of a live process, in seconds."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return None
-
-
-class RssSampler(threading.Thread):
-    """Polls /proc/<pid>/status; keeps the peaks of anonymous and file-backed resident memory.
-
-    ru_maxrss (from wait4) is exact but does not say what the memory was; the sampler's split can
-    miss a short spike between polls, so both are reported.
-    """
-
-    def __init__(self, pid: int, interval: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.interval = interval
-        self.peak = {"RssAnon": 0, "RssFile": 0, "VmRSS": 0}
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            status = _proc_status_kb(self.pid)
-            for k in self.peak:
-                if k in status:
-                    self.peak[k] = max(self.peak[k], status[k])
-            self._stop_event.wait(self.interval)
-
-    def stop(self) -> dict[str, float]:
-        self._stop_event.set()
-        self.join()
-        return {
-            "sampled_peak_rss_anon_mb": round(self.peak["RssAnon"] / 1024, 1),
-            "sampled_peak_rss_file_mb": round(self.peak["RssFile"] / 1024, 1),
-            "sampled_peak_rss_mb": round(self.peak["VmRSS"] / 1024, 1),
-        }
-
-
-def run_measured(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run `cmd` to completion; wall time, CPU time and peak RSS of that one child (os.wait4)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    shown = " ".join(cmd[2:] if cmd[:2] == [sys.executable, "-m"] else cmd)
-    log(f"$ {' '.join(f'{k}={v}' for k, v in (env or {}).items())} {shown}  (log: {log_path})")
-    start = time.monotonic()
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(env))
-        sampler = RssSampler(proc.pid)
-        sampler.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            sampler.stop()
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; tell Popen
-        wall = time.monotonic() - start
-    sampled = sampler.stop()
-    if proc.returncode != 0:
-        tail = log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"command failed with exit code {proc.returncode}: {cmd}\n--- log tail ---\n{tail}")
-    result = {
-        "wall_s": round(wall, 2),
-        "cpu_user_s": round(usage.ru_utime, 2),
-        "cpu_sys_s": round(usage.ru_stime, 2),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux: KiB
-        **sampled,
-    }
-    log(f"  done in {result['wall_s']} s, peak RSS {result['peak_rss_mb']} MB "
-        f"(sampled anon {sampled['sampled_peak_rss_anon_mb']} MB, file {sampled['sampled_peak_rss_file_mb']} MB)")
-    return result
-
-
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
 def timed_loop(fn: Callable[[list[str]], Any], queries: list[str], batch: int, duration: float,
@@ -232,76 +133,15 @@ def timed_loop(fn: Callable[[list[str]], Any], queries: list[str], batch: int, d
     }
 
 
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-    }
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
-        info["cpu_model"] = names[0] if names else None
-        mem = [line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")]
-        info["mem_total_gib"] = round(int(mem[0].split()[1]) / 1024 / 1024, 1) if mem else None
-    except OSError:
-        pass
-    try:
-        from importlib.metadata import version
-
-        info["versions"] = {p: version(p) for p in ("torch", "faiss-cpu", "sentence-transformers", "bm25s",
-                                                   "fastapi", "uvicorn", "httpx")
-                            if _has_dist(p)}
-    except Exception:  # noqa: BLE001 - informational only
-        pass
-    return info
-
-
-def _has_dist(name: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(name)
-        return True
-    except PackageNotFoundError:
-        return False
-
-
 # --------------------------------------------------------------------------- stages
 
 
-class Bench:
+class Bench(BenchRun):
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.out = args.out_dir.resolve()
+        super().__init__(args, args.out_dir, VERSIONS_OF)
         self.world = self.out / "world"
         self.passages = self.world / "passages.parquet"
         self.emb_dir = self.out / "embeddings"
-        self.logs = self.out / "logs"
-        self.results_path = self.out / "results.json"
-        self.results: dict[str, Any] = {
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "machine": machine_info(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "loadavg": {},
-        }
-
-    # -- bookkeeping
-    def save(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.results_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.results, indent=2, sort_keys=False) + "\n")
-        os.replace(tmp, self.results_path)
-
-    def stage_start(self, name: str) -> None:
-        self.results["loadavg"][name] = loadavg()
-        log(f"=== stage {name} (load average {self.results['loadavg'][name]}) ===")
 
     def shard_paths(self) -> list[Path]:
         n = self.args.shards
@@ -327,11 +167,7 @@ class Bench:
     # -- stages
     def world_stage(self) -> None:
         self.stage_start("world")
-        if self.world.exists():
-            shutil.rmtree(self.world)
-        m = run_measured(ragrl_cmd("world", "--seed", str(self.args.seed), "--size", self.args.size,
-                                   "--out", str(self.world)), self.logs / "world.log")
-        manifest = json.loads((self.world / "manifest.json").read_text())
+        m, manifest = self.generate_world(self.world)
         self.results["world"] = {**m, "size": self.args.size, "seed": self.args.seed,
                                  "passages": manifest["passages"], "questions": manifest["questions"],
                                  "passages_parquet_mb": file_mb(self.passages)}
@@ -480,9 +316,9 @@ class Bench:
                     "p99_ms": round(pct(lat, 99) * 1000, 1),
                     "requests": len(lat),
                     "errors": sum(x["errors"] for x in runs),
-                    "mean_batch": _median([x["server_mean_batch"] for x in runs]),
-                    "server_cpu_ms_per_request": _median([x["server_cpu_ms_per_request"] for x in runs]),
-                    "client_cpu_ms_per_request": _median([x["client_cpu_ms_per_request"] for x in runs]),
+                    "mean_batch": median_or_none([x["server_mean_batch"] for x in runs]),
+                    "server_cpu_ms_per_request": median_or_none([x["server_cpu_ms_per_request"] for x in runs]),
+                    "client_cpu_ms_per_request": median_or_none([x["client_cpu_ms_per_request"] for x in runs]),
                 }
         self.add_ratios()
 
@@ -520,7 +356,7 @@ class Bench:
                 for k, v in x["malformed_answers"].items():
                     answers[k] = answers.get(k, 0) + v
             res["summary"][label] = {
-                "qps_median": _median([x["qps"] for x in runs]),
+                "qps_median": median_or_none([x["qps"] for x in runs]),
                 "p50_ms": round(pct(pooled[label], 50) * 1000, 1),
                 "p99_ms": round(pct(pooled[label], 99) * 1000, 1),
                 "good_requests": len(pooled[label]),
@@ -564,11 +400,6 @@ def compute_ratios(results: dict[str, Any]) -> dict[str, Any]:
                 part[f"clients_{c}"]["microbatch_w0_over_serialized"] = ratio(qps("microbatch_w0", c), ser)
         ratios[threads] = part
     return ratios
-
-
-def _median(values: list[Any]) -> float | None:
-    values = [v for v in values if v is not None]
-    return round(float(np.median(values)), 2) if values else None
 
 
 # --------------------------------------------------------------------------- workers (own process)
@@ -673,81 +504,19 @@ def bm25q_worker(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-class RetrievalServer:
+class RetrievalServer(ServerProcess):
     """`ragrl serve-retriever` on 127.0.0.1 in a subprocess; stopped by its pid."""
 
+    health_poll_s = 0.25
+
     def __init__(self, index_dir: Path, cfg: dict[str, Any], log_path: Path, startup_timeout: float) -> None:
+        super().__init__(log_path, startup_timeout, env=cfg["env"], sample_rss_s=0.2)
         self.index_dir = index_dir
         self.cfg = cfg
-        self.log_path = log_path
-        self.startup_timeout = startup_timeout
-        self.proc: subprocess.Popen | None = None
-        self.sampler: RssSampler | None = None
-        self.startup_s: float | None = None
 
-    def __enter__(self) -> RetrievalServer:
-        import httpx
-
-        with socket.socket() as s:  # ephemeral port; the tiny race with other binders is acceptable here
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = ragrl_cmd("serve-retriever", "--index", str(self.index_dir), "--host", "127.0.0.1",
-                        "--port", str(self.port), "--max-batch", str(self.cfg["max_batch"]),
-                        "--batch-window-ms", str(self.cfg["batch_window_ms"]))
-        log(f"  starting server {self.cfg} on {self.url} (log: {self.log_path})")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")
-        start = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=child_env(self.cfg["env"]))
-        self.sampler = RssSampler(self.proc.pid, interval=0.2)
-        self.sampler.start()
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}")
-                if time.monotonic() - start > self.startup_timeout:
-                    raise TimeoutError(f"server not healthy after {self.startup_timeout} s; see {self.log_path}")
-                try:
-                    if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.25)
-        except BaseException:
-            self.__exit__()
-            raise
-        self.startup_s = round(time.monotonic() - start, 2)
-        log(f"  server pid {self.proc.pid} healthy after {self.startup_s} s")
-        return self
-
-    def health(self) -> dict[str, Any]:
-        import httpx
-
-        return httpx.get(f"{self.url}/health", timeout=30.0).json()
-
-    def cpu_s(self) -> float | None:
-        return _proc_cpu_s(self.proc.pid) if self.proc else None
-
-    def rss_mb(self) -> float:
-        return round(_proc_status_kb(self.proc.pid).get("VmRSS", 0) / 1024, 1)
-
-    def peak_rss_mb(self) -> float:
-        return round(_proc_status_kb(self.proc.pid).get("VmHWM", 0) / 1024, 1)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # by pid: exactly the process this object started
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.sampler is not None:
-            self.sampler.stop()
-        if getattr(self, "_log", None):
-            self._log.close()
-        log(f"  server stopped (exit {self.proc.returncode if self.proc else None})")
+    def command(self, host: str, port: int) -> list[str]:
+        return ragrl_cmd("serve-retriever", "--index", str(self.index_dir), "--host", host, "--port", str(port),
+                         "--max-batch", str(self.cfg["max_batch"]), "--batch-window-ms", str(self.cfg["batch_window_ms"]))
 
 
 def load_test(server: RetrievalServer, queries: list[str], clients: int, duration: float, topk: int,
@@ -761,13 +530,8 @@ def load_test(server: RetrievalServer, queries: list[str], clients: int, duratio
 
     import httpx
 
-    ready = threading.Barrier(clients + 1)  # every client warmed up and connected
-    go = threading.Barrier(clients + 1)  # deadline set, counters read: start
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    errors = [0] * clients
-    error_samples: list[str] = []
-    ends = [0.0] * clients
-    state = {"deadline": 0.0}
+    loop = ClosedLoop(clients)
+    latencies, errors, error_samples = loop.latencies, loop.errors, loop.error_samples
     stride = max(1, len(queries) // clients)
     bad_kinds = list(MALFORMED_BODIES)
     bad_status: dict[str, int] = {}
@@ -793,9 +557,7 @@ def load_test(server: RetrievalServer, queries: list[str], clients: int, duratio
                 except httpx.HTTPError:
                     pass
                 j += 1
-            ready.wait()
-            go.wait()
-            deadline = state["deadline"]
+            deadline = loop.start_line()
             while time.monotonic() < deadline:
                 if malformed_fraction and rng.random() < malformed_fraction:
                     send_malformed(http, rng)
@@ -818,30 +580,16 @@ def load_test(server: RetrievalServer, queries: list[str], clients: int, duratio
                     latencies[i].append(elapsed)
                 else:
                     errors[i] += 1
-            ends[i] = time.monotonic()
+            loop.finished(i)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
-    for th in threads:
-        th.start()
-    ready.wait()
-    stats_before = server.health().get("batching", {})
-    cpu_before = server.cpu_s()
-    self_before = resource.getrusage(resource.RUSAGE_SELF)
-    state["deadline"] = time.monotonic() + duration
-    start = time.monotonic()
-    go.wait()
-    for th in threads:
-        th.join()
-    wall = max(ends) - start
-    cpu_after = server.cpu_s()
-    self_after = resource.getrusage(resource.RUSAGE_SELF)
+    stats_before: dict[str, Any] = {}
+    m = loop.run(worker, server, duration,
+                 on_ready=lambda: stats_before.update(server.health().get("batching", {})))
     stats_after = server.health().get("batching", {})
-    lat = [x for per in latencies for x in per]
+    wall, lat, server_cpu, client_cpu = m["wall_s"], m["latencies"], m["server_cpu_s"], m["client_cpu_s"]
     n = len(lat)
     batches = stats_after.get("batches", 0) - stats_before.get("batches", 0)
     served_queries = stats_after.get("queries", 0) - stats_before.get("queries", 0)
-    server_cpu = (cpu_after - cpu_before) if cpu_before is not None and cpu_after is not None else None
-    client_cpu = (self_after.ru_utime + self_after.ru_stime) - (self_before.ru_utime + self_before.ru_stime)
     return {
         "clients": clients,
         "requests": n,
@@ -1053,23 +801,10 @@ def main(argv: list[str] | None = None) -> int:
         results_path = args.out_dir / "results.json"
         results = json.loads(results_path.read_text())
         results["ratios"] = compute_ratios(results)
-        md = summary_markdown(results)
-        (args.out_dir / "summary.md").write_text(md + "\n")
-        print(md)
+        write_summary(args.out_dir, summary_markdown(results))
         return 0
     bench = Bench(args)
-    bench.out.mkdir(parents=True, exist_ok=True)
-    if "world" not in args.stages and bench.results_path.exists():
-        previous = json.loads(bench.results_path.read_text())
-        commands = previous.get("commands", [previous.get("command")])
-        previous.update({k: v for k, v in bench.results.items() if k not in ("loadavg", "started")})
-        previous["commands"] = [*commands, bench.results["command"]]
-        previous.setdefault("loadavg", {})
-        previous.pop("failed_stages", None)
-        bench.results = previous
-        log(f"merging into {bench.results_path} (earlier stages: {sorted(k for k in previous if k in ('world', 'embed', 'build'))})")
-    else:
-        bench.results["commands"] = [bench.results["command"]]
+    bench.begin(merge="world" not in args.stages)
     log(f"out dir {bench.out}; stages {args.stages}; machine {bench.results['machine']}")
     stage_fns = {
         "world": bench.world_stage,
@@ -1081,32 +816,10 @@ def main(argv: list[str] | None = None) -> int:
         "bm25q": bench.bm25q_stage,
         "malformed": bench.malformed_stage,
     }
-    failed = []
-    for name in STAGES:
-        if name not in args.stages:
-            continue
-        t = time.monotonic()
-        try:
-            stage_fns[name]()
-        except Exception as exc:  # noqa: BLE001 - record, keep what the other stages can still measure
-            log(f"stage {name} FAILED: {type(exc).__name__}: {exc}")
-            bench.results.setdefault("failed_stages", {})[name] = f"{type(exc).__name__}: {exc}"[:4000]
-            failed.append(name)
-            if name in ("world", "embed", "build"):
-                bench.save()
-                break  # everything later depends on these
-        bench.results.setdefault("stage_seconds", {})[name] = round(time.monotonic() - t, 1)
-        bench.save()
+    failed = bench.run_stages(STAGES, args.stages, stage_fns, fatal=("world", "embed", "build"))
     if "service" in args.stages or "inprocess" in args.stages:
         bench.add_ratios()
-    bench.results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    bench.results["total_seconds_last_run"] = round(time.monotonic() - _T0, 1)
-    bench.save()
-    md = summary_markdown(bench.results)
-    (bench.out / "summary.md").write_text(md + "\n")
-    print(md)
-    log(f"results: {bench.results_path}; summary: {bench.out / 'summary.md'}; "
-        f"total {bench.results['total_seconds_last_run']} s")
+    bench.finish(summary_markdown)
     return 1 if failed else 0
 
 
