@@ -418,7 +418,9 @@ def runs():
     if config["evaluation"]["baselines"] and search:
         first = recipe(search[0])
         out["base"] = {"recipe": search[0], "settings": first, "model": policy_dir(), "stage": "base"}
-        out["no_retrieval"] = {"recipe": search[0], "settings": {**first, "env": "none"}, "model": policy_dir(),
+        # Closed book: the same prompt budgets, none of the method's own settings.
+        closed = {**{k: v for k, v in first.items() if k not in ("options", "plugin")}, "env": "none"}
+        out["no_retrieval"] = {"recipe": search[0], "settings": closed, "model": policy_dir(),
                                "stage": "no_retrieval"}
     for name in names:
         if sft_enabled(name):

@@ -148,3 +148,16 @@ def test_a_method_from_outside_src_runs_through_the_workflow(tmp_path):
     assert con.execute("select max(searches), max(turns) from predictions").fetchone() == (0, 1)
     assert "direct_rl" in (tmp_path / "results/tables/direct_em.md").read_text()
     assert "--recipe" in Path(tmp_path / "logs/sft_data/direct.log").read_text().splitlines()[0]
+
+
+def test_every_stage_part_of_a_default_recipe_parses():
+    """Each rule passes only its part of a recipe (rules/common.smk recipe_part); every part,
+    the baselines' closed-book settings included, must still be a valid recipe for its job."""
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for name, settings in cfg["recipes"].items():
+        eval_part = {k: v for k, v in settings.items() if k not in ("sft", "rl", "reward", "turn_reward",
+                                                                  "train_dataset", "eval_datasets")}
+        parse_recipe(eval_part, name)
+        if get_method(settings["env"]).baselines:  # as runs() builds the no_retrieval run
+            closed = {k: v for k, v in eval_part.items() if k not in ("options", "plugin")}
+            parse_recipe({**closed, "env": "none"}, name)

@@ -147,7 +147,7 @@ def rl_config(recipe: Recipe) -> RLConfig:
 def _check_sft_route(recipe: Recipe) -> None:
     key = f"recipes.{recipe.name}.sft"
     sft, method = recipe.sft, recipe.method
-    if sft.get("enabled", True) is False:
+    if sft.get("enabled", True) is False or not method.sft_data:
         return
     source = recipe.sft_source
     if source not in method.sft_sources:

@@ -45,4 +45,5 @@ METHOD = Method(
     reward_keys=search.REWARD_KEYS,
     default_reward={"em": 1.0},
     eval_rollout=eval_rollout,
+    sft_data=False,  # a baseline of the untrained policy: nothing to fine-tune
 )
