@@ -69,7 +69,8 @@ def _source_files(config: dict) -> list[str]:
     return files
 
 
-def _dry_run(paper: Path, workdir: Path, placeholders: bool = True) -> tuple[subprocess.CompletedProcess, float]:
+def _dry_run(paper: Path, workdir: Path, placeholders: bool = True,
+             overlay: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
     if placeholders:
         for rel in _source_files(_merged(paper)):
             (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -83,10 +84,14 @@ def _dry_run(paper: Path, workdir: Path, placeholders: bool = True) -> tuple[sub
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     env.update(SLURM_ACCOUNT="test_account", SLURM_PARTITION="test_gpu",
                PATH=f"{stub}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    configs = [str(paper.relative_to(REPO))]
+    if overlay:  # layered over the paper config, as the CPU twins are
+        (workdir / "_overlay.yaml").write_text(yaml.safe_dump(overlay))
+        configs.append(str(workdir / "_overlay.yaml"))
     start = time.monotonic()
     proc = subprocess.run(
         [SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-         "--profile", "slurm", "--configfile", str(paper.relative_to(REPO))],
+         "--profile", "slurm", "--configfile", *configs],
         cwd=REPO, capture_output=True, text=True, env=env, timeout=300,
     )
     return proc, time.monotonic() - start
@@ -187,6 +192,19 @@ def test_dry_run_resolves_whole_dag(paper, tmp_path):
     assert "gpu=1" in _job_block(out, "eval") and "gpu=1" in _job_block(out, "embed_shard")
     _assert_gpu_rules_request_gpus(out, config, counts)
     assert (tmp_path / ".snakemake").is_dir()  # Snakemake's state went to the temp dir
+
+
+def test_retrieval_gpu_reaches_every_dense_retrieval_command(tmp_path):
+    # retrieval.gpu: the index build, the in-process search of RL and evaluation, and the
+    # retrieval evaluation put FAISS and the query encoder on the job's GPUs (--gpu).
+    proc, _ = _dry_run(REPO / "config/paper/search_r1.yaml", tmp_path, overlay={"retrieval": {"gpu": True}})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for command in ("index build", "rl", "eval"):
+        # Commands that read a dense index (not the closed-book baseline, which reads none).
+        lines = [ln for ln in out.splitlines() if f"python -m ragrl {command} " in ln
+                 and ("--index " in ln or command == "index build")]
+        assert lines and all(" --gpu " in ln for ln in lines), f"`ragrl {command}` without --gpu: {lines[:2]}"
 
 
 def test_missing_data_is_reported_not_planned(tmp_path):
