@@ -106,7 +106,7 @@ rule rl:
         "../envs/train.yaml"
     shell:
         "python -m ragrl rl --recipe {params.recipe:q} --recipe-name {wildcards.recipe:q} {params.env:q}"
-        " --qa {input.qa:q} --policy {params.start:q} --limit {params.limit} --out {params.work:q}"
+        " --qa {input.qa:q} --policy {params.start:q} --limit {params.limit:q} --out {params.work:q}"
         " --log-out {output.log:q} > {log:q} 2>&1"
 
 
