@@ -19,7 +19,9 @@ rule sft_data:
         policy=policy_arg,
         limit=lambda wc: recipe(wc.recipe)["sft"].get("limit") or 0,
     log:
-        "logs/sft_data/{recipe}.log",
+        main="logs/sft_data/{recipe}.log",
+        # A teacher this job serves itself (sft.teacher without base_url, ragrl.serving).
+        server="logs/sft_data/{recipe}.server.log",
     benchmark:
         "benchmarks/sft_data/{recipe}.tsv"
     threads: rule_threads("sft_data")
@@ -29,7 +31,8 @@ rule sft_data:
         "../envs/train.yaml"
     shell:
         "python -m ragrl sft-data --recipe {params.recipe:q} --recipe-name {wildcards.recipe:q} {params.env:q}"
-        " --qa {input.qa:q} --policy {params.policy:q} --limit {params.limit:q} --out {output.data:q} > {log:q} 2>&1"
+        " --qa {input.qa:q} --policy {params.policy:q} --limit {params.limit:q} --out {output.data:q}"
+        " --server-log {log.server:q} > {log.main:q} 2>&1"
 
 
 rule sft:

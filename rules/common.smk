@@ -75,8 +75,9 @@ def _check_sft_routes():
         why = method.gold_sft_reason(dataset)
         if why:
             errors.append(f"config key 'recipes.{name}.sft.source': gold (the default) cannot be used: {why}. "
-                          "Set sft.source: teacher (with sft.teacher: {base_url, model}), sft.source: import "
-                          "(with sft.import: {path, format}), or sft.enabled: false")
+                          "Set sft.source: teacher (with sft.teacher: {model}, served by the job, or "
+                          "{base_url, model}), sft.source: import (with sft.import: {path, format}), "
+                          "or sft.enabled: false")
     if errors:
         raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -285,6 +286,12 @@ def retriever_files(corpus, name):
     return inputs
 
 
+def gpu_flag():
+    """`--gpu` for the dense-retrieval commands when retrieval.gpu is on (the FAISS index on the
+    job's GPUs, the query encoder on CUDA; ragrl.retrieval.gpu)."""
+    return ["--gpu"] if config["retrieval"]["gpu"] else []
+
+
 def retriever_args(wildcards, input):
     """CLI flags selecting that retriever: --index DIR, --bm25 DIR, --mode."""
     return _retriever_flags(input, wildcards.retriever)
@@ -298,6 +305,7 @@ def _retriever_flags(input, name):
         args += ["--bm25", input["bm25"]]
     if args:
         args += ["--mode", {"bm25": "bm25", "hybrid": "hybrid"}.get(name, "dense")]
+    args += gpu_flag() if "index" in input.keys() else []
     # A list: `{params.x:q}` quotes each element, so a path with a space stays one argument.
     return args
 

@@ -36,6 +36,7 @@ rule index:
     params:
         factory=lambda wc: config["retrieval"]["indexes"][wc.index],
         train_sample=config["retrieval"]["train_sample"],
+        gpu=gpu_flag(),
         out=output_dir,
     log:
         "logs/index/{corpus}/{index}.log",
@@ -48,7 +49,8 @@ rule index:
         "../envs/core.yaml"
     shell:
         "python -m ragrl index build --shards {input.shards:q} --factory {params.factory:q}"
-        " --passages {input.passages:q} --train-sample {params.train_sample:q} --out {params.out:q} > {log:q} 2>&1"
+        " --passages {input.passages:q} --train-sample {params.train_sample:q} {params.gpu:q} --out {params.out:q}"
+        " > {log:q} 2>&1"
 
 
 rule bm25:

@@ -71,8 +71,9 @@ def make_rollout(targets: int | list[int], max_new_tokens: int = 6, block_at_ste
             ids[i, width - len(p["prompt_ids"]) :] = torch.tensor(p["prompt_ids"])
             att[i, width - len(p["prompt_ids"]) :] = 1
         out = model.generate(
-            input_ids=ids.repeat_interleave(group_size, 0),
-            attention_mask=att.repeat_interleave(group_size, 0),
+            # On the model's device: scripts/gpu_check.py runs this rollout on a GPU.
+            input_ids=ids.repeat_interleave(group_size, 0).to(model.device),
+            attention_mask=att.repeat_interleave(group_size, 0).to(model.device),
             do_sample=True,
             temperature=1.0,
             top_k=0,

@@ -11,7 +11,8 @@
   ones (e.g. `datasets`, `safetensors`) included.
 
 envs/verl.yaml is exempt from the equality check: verl pins its own stack (transformers < 5.11,
-DESIGN §5) and is tested with verl.
+DESIGN §5) and is tested with verl. One documented difference is allowed (GPU_BUILDS): the cluster
+envs install FAISS's GPU build, faiss-gpu, where requirements.txt has faiss-cpu of the same version.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 OWN_PINS = {"envs/verl.yaml"}  # pins its own stack; see the module docstring
+# Cluster build -> the tested venv's build of the same package and version: clusters have GPUs
+# (retrieval.gpu), this machine has none. Both provide the module `faiss`.
+GPU_BUILDS = {"faiss-gpu": "faiss-cpu"}
 
 
 def _norm(name: str) -> str:
@@ -51,6 +55,11 @@ def _requirements() -> dict[str, str]:
     assert torch, "Makefile: no torch==<version> install found"
     pins["torch"] = torch.group(1)
     return pins
+
+
+def _as_tested(name: str) -> str:
+    """The requirements.txt name of an env's package (faiss-gpu -> faiss-cpu)."""
+    return GPU_BUILDS.get(_norm(name), _norm(name))
 
 
 def _env_pip(path: Path) -> list[str]:
@@ -106,10 +115,13 @@ def test_env_pins_equal_requirements(env):
         name, sep, version = spec.partition("==")
         if not sep:
             problems.append(f"{spec!r} is not an exact pin")
-        elif _norm(name) not in reqs:
+        elif _norm(name) in GPU_BUILDS.values():
+            problems.append(f"{name} is the CPU build; cluster envs pin the GPU build "
+                            f"({[g for g, c in GPU_BUILDS.items() if c == _norm(name)][0]})")
+        elif _as_tested(name) not in reqs:
             problems.append(f"{name} is pinned here but not in requirements.txt")
-        elif reqs[_norm(name)] != version.strip():
-            problems.append(f"{name}=={version} but requirements.txt has {reqs[_norm(name)]}")
+        elif reqs[_as_tested(name)] != version.strip():
+            problems.append(f"{name}=={version} but requirements.txt has {_as_tested(name)}=={reqs[_as_tested(name)]}")
     assert not problems, f"{env}: " + "; ".join(problems)
 
 
@@ -254,7 +266,7 @@ def test_env_pins_what_the_rule_imports(rule):
     info = RULES[rule]
     imported = _distributions(_command_imports(info["argv"]))
     reqs = _requirements()
-    pinned = {_norm(s.partition("==")[0]) for s in _env_pip(REPO / info["env"])}
+    pinned = {_as_tested(s.partition("==")[0]) for s in _env_pip(REPO / info["env"])}
     missing = sorted(d for d in imported if d in reqs and d not in pinned)
     assert not missing, (
         f"rule {rule} (`ragrl {' '.join(info['argv'])}`) imports {missing}, pinned in requirements.txt "
@@ -302,6 +314,7 @@ def test_env_resolves_on_pypi(env):
         assert resolved.get(_norm(name), "").split("+")[0] == version.split("+")[0], (
             f"{env}: {name} resolved to {resolved.get(_norm(name))}, pinned {version}")
     users = [r for r in COMMAND_RULES if RULES[r]["env"] == env]
-    missing = {r: sorted(_distributions(_command_imports(RULES[r]["argv"])) - set(resolved)) for r in users}
+    installed = {_as_tested(name) for name in resolved}
+    missing = {r: sorted(_distributions(_command_imports(RULES[r]["argv"])) - installed) for r in users}
     missing = {r: m for r, m in missing.items() if m}
     assert not missing, f"{env}: rules import packages the env does not install: {missing}"

@@ -1,7 +1,8 @@
 """The paper configs (config/paper/*.yaml) resolve the whole DAG through the SLURM profile.
 
-`snakemake -n --profile profiles/slurm --configfile config/paper/<method>.yaml`, run from the
-repository with `--directory <tmp>` so nothing is written to the checkout, must plan every stage
+`snakemake -n --profile slurm --configfile config/paper/<method>.yaml`, run from the repository
+root as users type it (the bare name finds the `slurm` symlink to profiles/slurm), with
+`--directory <tmp>` so nothing is written to the checkout, must plan every stage
 (corpus → embeddings → index → [SFT] → RL → merge → eval → results) in seconds, with no cluster.
 
 Two things a dry run needs that this machine lacks, provided in the temp dir only:
@@ -68,7 +69,8 @@ def _source_files(config: dict) -> list[str]:
     return files
 
 
-def _dry_run(paper: Path, workdir: Path, placeholders: bool = True) -> tuple[subprocess.CompletedProcess, float]:
+def _dry_run(paper: Path, workdir: Path, placeholders: bool = True,
+             overlay: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
     if placeholders:
         for rel in _source_files(_merged(paper)):
             (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -82,10 +84,14 @@ def _dry_run(paper: Path, workdir: Path, placeholders: bool = True) -> tuple[sub
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     env.update(SLURM_ACCOUNT="test_account", SLURM_PARTITION="test_gpu",
                PATH=f"{stub}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    configs = [str(paper.relative_to(REPO))]
+    if overlay:  # layered over the paper config, as the CPU twins are
+        (workdir / "_overlay.yaml").write_text(yaml.safe_dump(overlay))
+        configs.append(str(workdir / "_overlay.yaml"))
     start = time.monotonic()
     proc = subprocess.run(
         [SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-         "--profile", "profiles/slurm", "--configfile", str(paper.relative_to(REPO))],
+         "--profile", "slurm", "--configfile", *configs],
         cwd=REPO, capture_output=True, text=True, env=env, timeout=300,
     )
     return proc, time.monotonic() - start
@@ -100,6 +106,30 @@ def _job_block(output: str, rule: str) -> str:
     m = re.search(rf"(?ms)^rule {rule}:\n(.*?)(?=^\S|\Z)", output)
     assert m, f"no `rule {rule}:` job in the plan"
     return m.group(1)
+
+
+def _assert_gpu_rules_request_gpus(out: str, config: dict, counts: dict[str, int]) -> None:
+    """Every planned rule whose `resources.rules` entry asks for GPUs carries that request (and the
+    model) into its job, which the SLURM plugin turns into --gpus=<model>:N."""
+    gpu_rules = {rule: spec for rule, spec in config["resources"]["rules"].items() if spec.get("gpu", 0) > 0}
+    planned = [rule for rule in gpu_rules if counts.get(rule)]
+    assert planned, f"no GPU rule planned: {counts}"
+    for rule in planned:
+        block = _job_block(out, rule)
+        assert f"gpu={gpu_rules[rule]['gpu']}" in block, f"{rule} does not request its GPUs: {block}"
+        if "gpu_model" in gpu_rules[rule]:
+            assert f"gpu_model={gpu_rules[rule]['gpu_model']}" in block, block
+
+
+def test_slurm_profile_name_resolves_to_repo_profile(monkeypatch):
+    # The literal `--profile slurm`, looked up as Snakemake does (working directory first), is
+    # profiles/slurm and not the test cluster's profile or one in ~/.config/snakemake.
+    from snakemake.cli import get_profile_dir
+
+    monkeypatch.chdir(REPO)
+    found = get_profile_dir("slurm")
+    assert found is not None, "`--profile slurm` does not resolve from the repository root"
+    assert found[1].resolve() == (REPO / "profiles/slurm/config.yaml").resolve()
 
 
 def test_paper_configs_present():
@@ -160,7 +190,21 @@ def test_dry_run_resolves_whole_dag(paper, tmp_path):
     start = f"results/models/{recipe}/sft_merged" if sft else config["models"]["policy"]
     assert re.search(rf"python -m ragrl rl .* --policy {re.escape(start)} ", out), "rl starts elsewhere"
     assert "gpu=1" in _job_block(out, "eval") and "gpu=1" in _job_block(out, "embed_shard")
+    _assert_gpu_rules_request_gpus(out, config, counts)
     assert (tmp_path / ".snakemake").is_dir()  # Snakemake's state went to the temp dir
+
+
+def test_retrieval_gpu_reaches_every_dense_retrieval_command(tmp_path):
+    # retrieval.gpu: the index build, the in-process search of RL and evaluation, and the
+    # retrieval evaluation put FAISS and the query encoder on the job's GPUs (--gpu).
+    proc, _ = _dry_run(REPO / "config/paper/search_r1.yaml", tmp_path, overlay={"retrieval": {"gpu": True}})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for command in ("index build", "rl", "eval"):
+        # Commands that read a dense index (not the closed-book baseline, which reads none).
+        lines = [ln for ln in out.splitlines() if f"python -m ragrl {command} " in ln
+                 and ("--index " in ln or command == "index build")]
+        assert lines and all(" --gpu " in ln for ln in lines), f"`ragrl {command}` without --gpu: {lines[:2]}"
 
 
 def test_missing_data_is_reported_not_planned(tmp_path):
@@ -190,6 +234,7 @@ def test_kg_r1_paper_config_resolves_train_and_transfer_evaluations(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert seconds < 60, f"dry run took {seconds:.1f} s"
     counts = _job_counts(out)
+    _assert_gpu_rules_request_gpus(out, config, counts)
     evals = sum(len(r["eval_datasets"]) for r in config["recipes"].values())
     assert counts.get("rl") == 2 and counts.get("eval") == evals and "sft" not in counts, counts
     assert re.search(r"ragrl eval .*--kg data/kgqa/trex --kg-mode subgraph .*--run-id kg_r1_webqsp_rl"

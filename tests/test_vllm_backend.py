@@ -19,7 +19,6 @@ import os
 # Before transformers is imported: huggingface_hub reads it once, and nothing here may touch the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +35,9 @@ from ragrl.agent.environments import SearchEnvironment
 from ragrl.agent.generation import GenerationBackendError, HFGenerator, OpenAICompletionsGenerator, cut_at_stop
 from ragrl.agent.protocol import CLOSING_ACTION_TAGS, DEFAULT_INSTRUCTION, OBS_PREFIX, OBS_SUFFIX, build_instruction
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+# The server is stopped as ragrl.serving stops the servers jobs start (by pid, then its session).
+from ragrl.serving import log_tail, poll_health
+from ragrl.serving import stop_server as _stop
 from ragrl.toy.tiny_model import build_tiny
 from ragrl.toy.world import generate_world, world_text, write_world
 from test_rollout import (
@@ -88,41 +90,15 @@ def _server_env(cache_dir: Path) -> dict[str, str]:
 
 
 def _log_tail(path: Path, n: int = 60) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError as exc:
-        return f"(no log: {exc})"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server by pid (it shuts its engine processes down), SIGKILL if it hangs, then
-    SIGKILL whatever is left of the process group it was started in (its own, see start_new_session)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    return log_tail(path, n)
 
 
 def _wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> float | None:
     """Seconds until /health answered 200; None if the server exited first."""
-    start = time.monotonic()
-    while time.monotonic() - start < STARTUP_TIMEOUT_S:
-        if proc.poll() is not None:
-            return None
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return time.monotonic() - start
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"vLLM server not healthy after {STARTUP_TIMEOUT_S:.0f} s; log {log}:\n{_log_tail(log)}")
+    try:
+        return poll_health(proc, url, STARTUP_TIMEOUT_S)
+    except TimeoutError:
+        pytest.fail(f"vLLM server not healthy after {STARTUP_TIMEOUT_S:.0f} s; log {log}:\n{_log_tail(log)}")
 
 
 def _start(model_dir: Path, root: Path) -> tuple[subprocess.Popen, str, Path, float]:

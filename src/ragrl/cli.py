@@ -87,8 +87,9 @@ def _cmd_index_embed_shard(args: argparse.Namespace) -> None:
 def _cmd_index_build(args: argparse.Namespace) -> None:
     from ragrl.retrieval.dense import build_faiss_index
 
+    # Without --gpu, training still uses a GPU where faiss sees one (use_gpu=None).
     meta = build_faiss_index(args.shards, args.factory, args.out, train_sample=args.train_sample, seed=args.seed,
-                             passages=args.passages)
+                             passages=args.passages, use_gpu=True if args.gpu else None)
     print(f"index written to {args.out}: {meta}")
 
 
@@ -105,6 +106,9 @@ def _searcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["dense", "bm25", "hybrid"], help="default: what the given dirs allow")
     p.add_argument("--passages", type=Path,
                    help="passages parquet (default: the one the index's meta.json records)")
+    p.add_argument("--gpu", action="store_true",
+                   help="retrieval.gpu: the FAISS index on this job's GPUs and the query encoder on CUDA; "
+                        "without a GPU, the CPU (said once)")
 
 
 def _load_searcher(args: argparse.Namespace):
@@ -112,7 +116,7 @@ def _load_searcher(args: argparse.Namespace):
 
     if args.index is None and args.bm25 is None:
         raise ValueError("give --index and/or --bm25")
-    return load_searcher(args.index, args.bm25, args.mode, passages=args.passages)
+    return load_searcher(args.index, args.bm25, args.mode, passages=args.passages, use_gpu=args.gpu)
 
 
 def _http_limit_args(p: argparse.ArgumentParser, max_body_bytes: int) -> None:
@@ -136,7 +140,7 @@ def _cmd_serve_retriever(args: argparse.Namespace) -> None:
     serve(args.index if args.index is not None else args.bm25, args.host, args.port,
           bm25_dir=args.bm25 if args.index is not None else None, mode=args.mode, max_batch=args.max_batch,
           max_topk=args.max_topk, max_queries=args.max_queries, batch_window_ms=args.batch_window_ms,
-          http_limits=_http_limits(args), passages=args.passages)
+          http_limits=_http_limits(args), passages=args.passages, use_gpu=args.gpu)
 
 
 def _cmd_serve_kg(args: argparse.Namespace) -> None:
@@ -171,7 +175,7 @@ def _cmd_retrieval_service_check(args: argparse.Namespace) -> None:
     from ragrl.retrieval.service_check import check_service
 
     index_args = [a for flag, v in (("--index", args.index), ("--bm25", args.bm25), ("--mode", args.mode))
-                  if v is not None for a in (flag, str(v))]
+                  if v is not None for a in (flag, str(v))] + (["--gpu"] if args.gpu else [])
     report = check_service(index_args, _load_searcher(args), args.qa, args.out, topk=args.topk)
     print(f"service check passed: {report}")
 
@@ -186,7 +190,8 @@ def _backends(args: argparse.Namespace) -> dict:
     """What the recipe's environment reads, from the flags the rule passed (ragrl.stages.agent)."""
     from ragrl.stages.agent import load_backends
 
-    return load_backends(index=args.index, bm25=args.bm25, mode=args.mode, passages=args.passages, kg=args.kg,
+    return load_backends(index=args.index, bm25=args.bm25, mode=args.mode, passages=args.passages, gpu=args.gpu,
+                         kg=args.kg,
                          kg_mode=args.kg_mode, kg_url=args.kg_url)
 
 
@@ -194,7 +199,8 @@ def _cmd_sft_data(args: argparse.Namespace) -> None:
     from ragrl.stages import agent
 
     recipe = _recipe(args)
-    agent.sft_data(recipe, args.qa, args.policy, _backends(args), args.out, limit=args.limit or None)
+    agent.sft_data(recipe, args.qa, args.policy, _backends(args), args.out, limit=args.limit or None,
+                   server_log=args.server_log)
 
 
 def _cmd_sft(args: argparse.Namespace) -> None:
@@ -330,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--train-sample", type=int, default=262_144)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu", action="store_true",
+                   help="retrieval.gpu: train on this job's GPU; without one, the CPU (said once)")
     p.set_defaults(func=_cmd_index_build)
     p = index.add_parser("bm25", help="build a BM25 index (bm25s)")
     p.add_argument("--passages", type=Path, required=True)
@@ -387,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=Path, required=True, help="model dir whose tokenizer and template are used")
     p.add_argument("--limit", type=int)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--server-log", type=Path,
+                   help="log of a teacher server this job starts (sft.teacher without base_url); default "
+                        "logs/serve/<recipe>.teacher.log")
     p.set_defaults(func=_cmd_sft_data)
 
     p = sub.add_parser("sft", help="supervised fine-tuning (TRL SFTTrainer, loss on generated tokens only)")

@@ -26,7 +26,9 @@ TOP_KEYS = ("env", "plugin", "retriever", "train_dataset", "eval_datasets", "top
 SFT_EXTRA_KEYS = ("enabled", "limit", "source", "teacher", "import")
 RL_EXTRA_KEYS = ("limit", "backend", "verl")
 TEACHER_KEYS = {"base_url": str, "model": str, "api_key_env": str, "n": int, "max_per_question": int,
-                "batch_size": int}
+                "batch_size": int, "serve": dict}
+# `serve` of a model the job starts itself (ragrl.serving): true, or these settings.
+SERVE_KEYS = {"python": str, "args": list, "startup_timeout_s": int, "served_name": str}
 IMPORT_KEYS = {"path": str, "format": str}
 IMPORT_FORMATS = ("chat_json", "sft_parquet")
 
@@ -154,18 +156,46 @@ def _check_sft_route(recipe: Recipe) -> None:
         raise ValueError(f"config key '{key}.source': {source!r} is not one of {list(method.sft_sources)} "
                          f"(method {method.name!r})")
     if source == "teacher":
-        teacher = _typed(sft.get("teacher"), TEACHER_KEYS, f"{key}.teacher")
-        missing = [k for k in ("base_url", "model") if k not in teacher]
-        if missing:
-            raise ValueError(f"config key '{key}.teacher': teacher trajectories need {missing} (an OpenAI-compatible "
-                             "endpoint serving a model with the policy's tokenizer), or set sft.source / "
+        teacher = dict(sft.get("teacher") or {})
+        serve = teacher.pop("serve", None)
+        _typed(teacher, TEACHER_KEYS, f"{key}.teacher")
+        if "model" not in teacher:
+            raise ValueError(f"config key '{key}.teacher': teacher trajectories need ['model'] (a model with the "
+                             "policy's tokenizer: with base_url, the name an OpenAI-compatible endpoint serves; "
+                             "without, a path or HF id the job serves itself), or set sft.source / "
                              "sft.enabled: false")
+        _check_serve(serve, "base_url" in teacher, f"{key}.teacher")
     if source == "import":
         spec = _typed(sft.get("import"), IMPORT_KEYS, f"{key}.import")
         if "path" not in spec:
             raise ValueError(f"config key '{key}.import.path': the SFT file to import is required")
         if spec.get("format", "chat_json") not in IMPORT_FORMATS:
             raise ValueError(f"config key '{key}.import.format': {spec['format']!r} is not one of {IMPORT_FORMATS}")
+
+
+def serve_settings(endpoint: dict) -> dict | None:
+    """The `serve` settings of an endpoint entry ({base_url?, model, serve?}): None for an external
+    endpoint (base_url given), else the settings of the server the job starts (`serve: true` = {})."""
+    if endpoint.get("base_url"):
+        return None
+    serve = endpoint.get("serve", True)
+    return {} if serve is True else dict(serve)
+
+
+def _check_serve(serve, has_url: bool, key: str) -> None:
+    """`serve` is true/false or a SERVE_KEYS mapping; it and base_url exclude each other."""
+    if serve is None or serve is False:
+        if serve is False and not has_url:
+            raise ValueError(f"config key '{key}.serve': false needs '{key}.base_url' (an external endpoint)")
+        return
+    if has_url:
+        raise ValueError(f"config key '{key}': base_url (an external endpoint) and serve (a server this job "
+                         "starts) exclude each other; keep one")
+    if serve is True:
+        return
+    spec = _typed(serve, SERVE_KEYS, f"{key}.serve")
+    if not all(isinstance(a, str) for a in spec.get("args", [])):
+        raise ValueError(f"config key '{key}.serve.args': vLLM server arguments must be strings, got {spec['args']!r}")
 
 
 def _check_rl_route(recipe: Recipe) -> None:

@@ -6,8 +6,8 @@ memory-mapped) plus a sidecar JSON naming its row range and how it was encoded; 
 checks those sidecars so that shards from different models or a missing shard cannot produce an
 index whose row ids point at the wrong passages.
 
-The build never holds all embeddings at once: a bounded random sample is read for training (on a GPU
-when faiss sees one), then shards are memory-mapped and added chunk by chunk on the CPU, so peak
+The build never holds all embeddings at once: a bounded random sample is read for training (on the
+GPUs with retrieval.gpu, or by default when faiss sees one), then shards are memory-mapped and added chunk by chunk on the CPU, so peak
 memory is about the final index size.
 """
 
@@ -31,6 +31,7 @@ from ragrl.io import atomic_dir, atomic_path, write_json
 from ragrl.paths import relative_to_dir
 from ragrl.progress import progress
 from ragrl.retrieval.factory import faiss_reason
+from ragrl.retrieval.gpu import faiss_on_gpu, job_gpu_devices
 from ragrl.retrieval.encoder import Encoder, passage_contents
 
 INDEX_FILE = "index.faiss"
@@ -225,17 +226,14 @@ def _skip_polysemous_training(index: faiss.Index) -> bool:
     return was_on
 
 
-def _gpu_wanted(use_gpu: bool | None) -> bool:
-    have = faiss.get_num_gpus() > 0 if hasattr(faiss, "get_num_gpus") else False
-    if use_gpu and not have:
-        raise RuntimeError("use_gpu=True but this faiss build sees no GPU (faiss-cpu, or no device)")
-    return have if use_gpu is None else use_gpu
-
-
-def _to_gpu(index: faiss.Index) -> tuple[faiss.Index, bool]:
-    # Not every index type has a GPU version (HNSW does not); those fall back to CPU.
+def _to_gpu(index: faiss.Index, devices: list[int]) -> tuple[faiss.Index, bool]:
+    """The index on `devices`: sharded when there are several, so an index larger than one GPU's
+    memory fits; vectors stay float32, so results equal the CPU's. Not every index type has a GPU
+    version (HNSW does not); those stay on the CPU."""
     try:
-        return faiss.index_cpu_to_all_gpus(index), True
+        options = faiss.GpuMultipleClonerOptions()
+        options.shard = len(devices) > 1
+        return faiss.index_cpu_to_gpus_list(index, co=options, gpus=devices), True
     except (RuntimeError, AttributeError) as exc:
         print(f"[faiss] GPU unavailable for this index type, using CPU: {exc}", file=sys.stderr)
         return index, False
@@ -244,7 +242,8 @@ def _to_gpu(index: faiss.Index) -> tuple[faiss.Index, bool]:
 def _train(index: faiss.Index, sample: np.ndarray, use_gpu: bool) -> tuple[faiss.Index, bool]:
     """Train (k-means, PQ codebooks) on the GPU when there is one: that is where it pays off."""
     if use_gpu:
-        gpu_index, on_gpu = _to_gpu(index)
+        # One GPU: k-means on a sample fits one device, and a sharded index would train per shard.
+        gpu_index, on_gpu = _to_gpu(index, job_gpu_devices()[:1])
         if on_gpu:
             gpu_index.train(sample)
             return faiss.index_gpu_to_cpu(gpu_index), True
@@ -294,7 +293,7 @@ def build_faiss_index(
     trained_on, gpu_train = 0, False
     if not index.is_trained:
         sample = _train_sample(shards, train_sample, seed)
-        index, gpu_train = _train(index, sample, _gpu_wanted(use_gpu))
+        index, gpu_train = _train(index, sample, faiss_on_gpu(use_gpu))
         trained_on = len(sample)
         del sample
     # Adding stays on the CPU: the index grows in host RAM, where it has to end up anyway, and a
@@ -364,10 +363,12 @@ def _is_gpu_index(index: faiss.Index) -> bool:
 class DenseIndex:
     """A loaded FAISS index plus the meta that says how its vectors were made."""
 
-    def __init__(self, index: faiss.Index, meta: dict[str, Any], search_params: dict[str, int]) -> None:
+    def __init__(self, index: faiss.Index, meta: dict[str, Any], search_params: dict[str, int], *,
+                 on_gpu: bool = False) -> None:
         self.index = index
         self.meta = meta
         self.search_params = search_params
+        self.on_gpu = on_gpu
 
     @property
     def ntotal(self) -> int:
@@ -392,7 +393,8 @@ def load_faiss_index(
     if meta.get("kind") != "dense":
         raise ValueError(f"{index_dir}: not a dense index (meta kind={meta.get('kind')!r})")
     index = faiss.read_index(str(index_dir / INDEX_FILE))
-    if _gpu_wanted(use_gpu):
-        index, _ = _to_gpu(index)
+    on_gpu = False
+    if faiss_on_gpu(use_gpu):
+        index, on_gpu = _to_gpu(index, job_gpu_devices())
     applied = set_search_params(index, nprobe=nprobe, ef_search=ef_search)
-    return DenseIndex(index, meta, applied)
+    return DenseIndex(index, meta, applied, on_gpu=on_gpu)

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from ragrl.retrieval import Hit
 from ragrl.retrieval.dense import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, META_FILE, DenseIndex, load_faiss_index
 from ragrl.retrieval.encoder import Encoder
+from ragrl.retrieval.gpu import query_device
 from ragrl.retrieval.sparse import BM25Index, load_bm25
 
 MODES = ("dense", "bm25", "hybrid")
@@ -217,7 +218,7 @@ def load_searcher(
             batch_size=batch_size,
             max_length=meta.get("max_length"),
             normalize=meta.get("normalize", True),
-            device=device,
+            device=query_device(use_gpu, device),
         )
         dense = DenseRetriever(encoder, index)
     if "bm25" in by_kind:

@@ -12,18 +12,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ragrl.recipe import Recipe, sft_args
+from ragrl.recipe import Recipe, serve_settings, sft_args
+from ragrl.serving import ServerSpec, resolve_endpoint
 
 
 def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: str | None = None,
-                  passages: Path | None = None, kg: Path | None = None, kg_mode: str = "whole",
+                  passages: Path | None = None, gpu: bool = False, kg: Path | None = None, kg_mode: str = "whole",
                   kg_url: str | None = None) -> dict[str, Any]:
     """What the CLI flags name, by input kind: a passage retriever (`retriever`), a knowledge graph (`graph`)."""
     backends: dict[str, Any] = {}
     if index is not None or bm25 is not None:
         from ragrl.retrieval.searcher import load_searcher
 
-        backends["retriever"] = load_searcher(index, bm25, mode, passages=passages)
+        backends["retriever"] = load_searcher(index, bm25, mode, passages=passages, use_gpu=gpu)
     if kg_url:
         from ragrl.kg.client import KGClient
 
@@ -44,10 +45,23 @@ def environment(recipe: Recipe, backends: Mapping[str, Any]):
     return recipe.method.make_environment(recipe, backends)
 
 
+def served_model(endpoint: Mapping[str, Any], log: Path) -> ServerSpec | None:
+    """The server a job starts for a config endpoint entry ({base_url?, model, serve?}); None when
+    base_url names an external one (ragrl.serving)."""
+    serve = serve_settings(dict(endpoint))
+    if serve is None:
+        return None
+    model = endpoint["model"]
+    return ServerSpec(model=model, served_name=serve.get("served_name", model), log=Path(log),
+                      python=serve.get("python"), args=tuple(serve.get("args", ())),
+                      startup_timeout_s=float(serve.get("startup_timeout_s", 900)))
+
+
 def sft_data(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out: Path,
-             limit: int | None = None) -> dict:
+             limit: int | None = None, server_log: Path | None = None) -> dict:
     """Cold-start SFT data by the recipe's route: the method's gold trajectories, a teacher's
-    correct trajectories (OpenAI-compatible endpoint), or a published SFT file."""
+    correct trajectories (OpenAI-compatible endpoint: external, or served by this job with its log
+    at `server_log`), or a published SFT file."""
     from ragrl.train.sft_data import teacher_sft_stage
 
     source = recipe.sft_source
@@ -62,10 +76,13 @@ def sft_data(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any]
         return recipe.method.gold_sft(recipe, qa, policy, env, backends, out, limit)
     teacher = dict(recipe.sft["teacher"])
     api_key = os.environ.get(teacher["api_key_env"]) if teacher.get("api_key_env") else None
-    return teacher_sft_stage(qa, policy, env, out, base_url=teacher["base_url"], teacher_model=teacher["model"],
-                             api_key=api_key, rollout_cfg=recipe.rollout, limit=limit, n=teacher.get("n", 1),
-                             max_per_question=teacher.get("max_per_question", 1),
-                             batch_size=teacher.get("batch_size", 64), seed=recipe.seed)
+    server = served_model(teacher, server_log or Path("logs/serve") / f"{recipe.name}.teacher.log")
+    with resolve_endpoint(teacher.get("base_url"), server) as base_url:
+        return teacher_sft_stage(qa, policy, env, out, base_url=base_url,
+                                 teacher_model=server.served_name if server else teacher["model"], api_key=api_key,
+                                 rollout_cfg=recipe.rollout, limit=limit, n=teacher.get("n", 1),
+                                 max_per_question=teacher.get("max_per_question", 1),
+                                 batch_size=teacher.get("batch_size", 64), seed=recipe.seed)
 
 
 def sft(recipe: Recipe, data: Path, policy: Path, out: Path) -> Path:
