@@ -114,6 +114,7 @@ def test_workflow_runs_end_to_end(tmp_path):
     assert float(flat["hit@10"]) > 0.5
     service = json.loads((tmp_path / "results/checks/retrieval_service_world_hybrid.json").read_text())
     assert service["agreement_with_in_process"] >= 0.95 and service["healthy_after_bad_request"]
+    assert service["empty_query_list_status"] == 200 and 400 <= service["bad_request_status"] < 500
 
     # Every run was evaluated and lands in the results database, the table and the leaderboard.
     import duckdb

@@ -63,7 +63,9 @@ def check_service(index_args: list[str], searcher, qa_path: str | Path, out: str
         start = time.monotonic()
         over_http = search_r1_retrieve(url, questions, topk)
         http_s = time.monotonic() - start
-        bad = httpx.post(f"{url}/retrieve", json={"queries": [], "topk": topk}, timeout=10.0)
+        # Search-R1's trainer searches every turn, also with no active query: it needs {"result": []}.
+        empty = httpx.post(f"{url}/retrieve", json={"queries": [], "topk": topk}, timeout=10.0)
+        bad = httpx.post(f"{url}/retrieve", json={"queries": "not a list", "topk": topk}, timeout=10.0)
         still_up = httpx.get(f"{url}/health", timeout=10.0).status_code == 200
     finally:
         proc.terminate()  # by pid: we own exactly this process
@@ -80,11 +82,13 @@ def check_service(index_args: list[str], searcher, qa_path: str | Path, out: str
         "topk": topk,
         "agreement_with_in_process": agree,
         "http_seconds": round(http_s, 3),
-        "empty_query_list_status": bad.status_code,
+        "empty_query_list_status": empty.status_code,
+        "bad_request_status": bad.status_code,
         "healthy_after_bad_request": still_up,
         "health": health,
     }
-    if agree < min_agreement or not 400 <= bad.status_code < 500 or not still_up:
+    empty_ok = empty.status_code == 200 and empty.json() == {"result": []}
+    if agree < min_agreement or not empty_ok or not 400 <= bad.status_code < 500 or not still_up:
         raise RuntimeError(f"retrieval service check failed: {report}")
     write_json(report, out)
     return report
