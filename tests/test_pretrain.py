@@ -72,7 +72,8 @@ def test_default_pretraining_text_has_no_name_of_the_world(default_world):
         check(text)
     # An example is longer than 100 tokens, so this covers every example the steps consume.
     budget = settings.steps * settings.batch_size * settings.seq_len // 100
-    stream = corpus_examples(settings.seed, settings.world_people, settings.distractors, reserved)
+    stream = corpus_examples(settings.seed, settings.world_people, settings.distractors, reserved,
+                             settings.mix_worlds)
     for _ in range(budget):
         prompt, answer = next(stream)
         check(prompt + answer)

@@ -65,6 +65,7 @@ class PretrainArgs:
     seed: int = 0
     world_people: int = 50  # people per pretraining world; each world brings fresh names
     distractors: int = 1  # random passages of the same world shown with the supporting ones
+    mix_worlds: int = 20  # worlds whose examples are shuffled together (1: one world after another)
     tokenizer_worlds: int = 200  # worlds the tokenizer is trained on (a few examples from each)
     answer_only_loss: bool = False  # loss on the answer span only (else on every token)
     log_every: int = 10
@@ -78,6 +79,8 @@ class PretrainArgs:
                 raise ValueError(f"pretrain.{name}={getattr(self, name)} must be > 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"pretrain.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.mix_worlds < 1:
+            raise ValueError(f"pretrain.mix_worlds={self.mix_worlds} must be >= 1")
         if self.distractors < 0 or self.eval_every < 0 or self.eval_questions < 0:
             raise ValueError("pretrain.distractors, eval_every and eval_questions must be >= 0")
 
@@ -148,16 +151,22 @@ def corpus_worlds(seed: int, people: int, reserved: Sequence[str]) -> Iterator:
         k += 1
 
 
-def corpus_examples(seed: int, people: int, distractors: int, reserved: Sequence[str]) -> Iterator[tuple[str, str]]:
-    """The example stream: (prompt, answer) pairs from successive fresh worlds.
+def corpus_examples(seed: int, people: int, distractors: int, reserved: Sequence[str],
+                    mix_worlds: int = 1) -> Iterator[tuple[str, str]]:
+    """The example stream: (prompt, answer) pairs from successive fresh worlds, the examples of
+    `mix_worlds` worlds at a time shuffled together (a world's names then recur far apart, so
+    remembering them from one example to the next pays less than reading them).
 
     No pretraining world hands out a `reserved` name, but a fresh name may still contain one as a
     word ("Lake Troupu" holds the alias "Troupu"): such examples are skipped.
     """
     rng = random.Random(seed)
     name_filter = NameFilter(reserved)
-    for world in corpus_worlds(seed, people, reserved):
-        for prompt, answer in reading_examples(world, rng, distractors):
+    worlds = corpus_worlds(seed, people, reserved)
+    while True:
+        pool = [ex for _ in range(mix_worlds) for ex in reading_examples(next(worlds), rng, distractors)]
+        rng.shuffle(pool)
+        for prompt, answer in pool:
             if name_filter.find(prompt + answer) is None:
                 yield prompt, answer
 
@@ -167,11 +176,13 @@ def tokenizer_texts(args: PretrainArgs, reserved: Sequence[str], per_world: int 
     shared by many names, not whole names), the relation vocabularies of both KGs, the prompts."""
     from ragrl.toy.tiny_model import with_prompt_text
 
+    rng = random.Random(args.seed + 7919)
+    name_filter = NameFilter(reserved)
+    worlds = corpus_worlds(args.seed + 7919, args.world_people, reserved)
     texts = []
-    stream = corpus_examples(args.seed + 7919, args.world_people, args.distractors, reserved)
-    for _ in range(args.tokenizer_worlds * per_world):
-        prompt, answer = next(stream)
-        texts.append(prompt + answer)
+    for _ in range(args.tokenizer_worlds):
+        examples = reading_examples(next(worlds), rng, args.distractors)[:per_world]
+        texts += [p + a for p, a in examples if name_filter.find(p + a) is None]
     kg_words = [f'"{r.kg_a}", "{r.kg_b}" {r.key}' for r in RELATIONS]
     return with_prompt_text(texts + kg_words * 50)
 
@@ -312,8 +323,8 @@ def pretrain(world_dir: str | Path, out_dir: str | Path, spec=None, args: Pretra
     _log(f"tokenizer ({len(tokenizer)} tokens) and model ({sum(p.numel() for p in model.parameters()):,} "
          f"parameters) built in {time.monotonic() - t0:.1f}s; {len(reserved)} evaluation-world names kept out")
     probe = probe_rows(world_dir, probe_split, args.eval_questions) if args.eval_questions else []
-    history = train_loop(model, tokenizer, corpus_examples(args.seed, args.world_people, args.distractors, reserved),
-                         args, probe)
+    history = train_loop(model, tokenizer, corpus_examples(args.seed, args.world_people, args.distractors, reserved,
+                                                           args.mix_worlds), args, probe)
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
         _save(tokenizer, model.eval(), spec, tmp)
