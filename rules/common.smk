@@ -161,16 +161,25 @@ def tiny_model_dir():
     return f"{RESULTS}/models/tiny"
 
 
+def pretrained_dir():
+    return f"{RESULTS}/models/pretrained"
+
+
+def tiny_policy_dir():
+    """The tiny policy recipes start from: pretrained to read (rule pretrain) unless pretrain.enabled is false."""
+    return pretrained_dir() if config["pretrain"]["enabled"] else tiny_model_dir()
+
+
 def policy_dir():
     """The base policy: the locally built tiny model, or whatever config names."""
     policy = config["models"]["policy"]
-    return tiny_model_dir() if policy == "tiny" else policy
+    return tiny_policy_dir() if policy == "tiny" else policy
 
 
 def policy_inputs():
     # A hub id or an external path is not a workflow output, so rules depend on it only by name.
     if config["models"]["policy"] == "tiny":
-        return [f"{tiny_model_dir()}/{f}" for f in hf_model_files()]
+        return [f"{tiny_policy_dir()}/{f}" for f in hf_model_files()]
     return []
 
 

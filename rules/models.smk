@@ -28,6 +28,38 @@ rule tiny_model:
         " --seed {params.spec[seed]:q} > {log:q} 2>&1"
 
 
+rule pretrain:
+    # The tiny model (tokenizer and weights) pretrained to read on synthetic text with fresh names,
+    # none of the world's (src/ragrl/train/pretrain.py). With pretrain.enabled it is the tiny base
+    # policy: the `base` run and every recipe's SFT start from it.
+    input:
+        world_outputs(),
+    output:
+        [f"{pretrained_dir()}/{f}" for f in hf_model_files()],
+        plot=f"{RESULTS}/plots/pretrain_loss.png",
+    params:
+        world=input_dir,
+        out=output_dir,
+        spec=config["models"]["tiny"],
+        settings=lambda wc: json.dumps(config["pretrain"]["settings"], sort_keys=True),
+    log:
+        "logs/pretrain.log",
+    benchmark:
+        "benchmarks/pretrain.tsv"
+    threads: rule_threads("pretrain")
+    resources:
+        **rule_resources("pretrain"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl pretrain --world {params.world} --out {params.out} --plot {output.plot}"
+        " --settings {params.settings:q}"
+        " --vocab-size {params.spec[vocab_size]} --hidden-size {params.spec[hidden_size]}"
+        " --num-layers {params.spec[num_layers]} --num-heads {params.spec[num_heads]}"
+        " --num-kv-heads {params.spec[num_kv_heads]} --intermediate-size {params.spec[intermediate_size]}"
+        " --seed {params.spec[seed]} > {log} 2>&1"
+
+
 rule policy_generate:
     input:
         policy_inputs(),

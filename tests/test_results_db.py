@@ -158,9 +158,37 @@ def test_runs_table_keeps_seeds_and_extra_as_json(built):
 
 
 def test_evals_long_format(built):
-    got = {(r, d, m): (v, n) for r, d, m, v, n in rows(built, "SELECT * FROM evals")}
+    got = {(r, d, m): (v, n) for r, d, m, v, n in rows(built, "SELECT run_id, dataset, metric, value, n FROM evals")}
     want = {(r, d, m): (v, n) for (r, d), (n, ms) in METRICS.items() for m, v in ms.items()}
     assert got == want
+    # These metrics.json files carry no ci95: the interval columns stay NULL.
+    assert rows(built, "SELECT count(*) FROM evals WHERE ci_low IS NOT NULL OR ci_high IS NOT NULL") == [(0,)]
+
+
+def test_evals_carry_the_bootstrap_interval_of_metrics_json(tmp_path):
+    from ragrl.eval.evaluate import summarize
+
+    preds = [{"em": float(i % 2), "f1": 0.5, "cover_em": 0.0, "format": 1.0, "turns": 2, "searches": 1}
+             for i in range(40)]
+    metrics = summarize(preds, "r1", "nq")
+    low, high = metrics["ci95"]["em"]
+    assert low < metrics["metrics"]["em"] == 0.5 < high and high - low < 0.4
+    assert metrics["ci95"]["f1"] == [0.5, 0.5]
+    assert summarize(preds, "r1", "nq") == metrics  # seeded
+    run = _write_json(tmp_path / "run.json", {"run_id": "r1", "recipe": "x", "model": "m", "config_hash": "h",
+                                              "git_commit": "c", "seeds": {}, "stage": "sft"})
+    ev = _write_json(tmp_path / "metrics.json", metrics)
+    db = tmp_path / "db.duckdb"
+    build_database(db, runs=[run], evals=[ev], predictions=[], train_logs=[], benchmarks=[],
+                   rule_gpus={}, table_specs=[])
+    assert rows(db, "SELECT ci_low, ci_high FROM evals WHERE metric = 'em'") == [(low, high)]
+    from ragrl.results.tables import render_tables
+
+    paths = render_tables(db, [{"name": "t", "title": "T", "metric": "em"}], tmp_path / "tables")
+    md = next(p for p in paths if p.suffix == ".md").read_text()
+    assert f"0.500 ± {(high - low) / 2:.3f}" in md
+    tex = next(p for p in paths if p.suffix == ".tex").read_text()
+    assert "$\\pm$" in tex
 
 
 def test_leaderboard_one_row_per_run_and_dataset(built):

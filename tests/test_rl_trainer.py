@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 import rl_toy
 from ragrl.train import checkpoint as ckpt
-from ragrl.train.rl import LOG_NAME, RLConfig, Sample, collate, prompt_indices, train_rl
+from ragrl.train.rl import LOG_NAME, RLConfig, Sample, collate, prompt_indices, tied_samples, train_rl
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_SCRIPT = REPO / "tests" / "rl_toy.py"
@@ -119,6 +119,30 @@ def test_grpo_learns_toy_task(toy, tmp_path, capsys):
     before = load_file(model_dir / "model.safetensors")
     after = load_file(final / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_tied_samples_marks_groups_whose_rewards_all_tie():
+    assert tied_samples([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], [0, 0, 1, 1, 2, 2]) == [True, True, False, False, True, True]
+
+
+def test_tied_group_share_is_logged_and_the_filter_skips_all_tied_steps(toy, tmp_path):
+    import dataclasses
+
+    model_dir, prompts, target = toy
+    inner = rl_toy.make_rollout(target, max_new_tokens=4)
+
+    def constant(batch, n, model, step):  # every group ties: zero advantage everywhere
+        return [dataclasses.replace(s, reward=1.0) for s in inner(batch, n, model, step)]
+
+    for flag in (False, True):
+        out = tmp_path / str(flag)
+        cfg = RLConfig(steps=2, batch_prompts=2, group_size=2, lr=3e-3, seed=0, checkpoint_every=100,
+                       filter_tied_groups=flag)
+        train_rl(model_dir, None, prompts, constant, cfg, out)
+        log = _log(out)
+        assert [r["tied_group_share"] for r in log] == [1.0, 1.0]
+        # Filtered: no update at all (no gradient norm); unfiltered: an update with zero advantages.
+        assert all((r["grad_norm"] is None) == flag for r in log)
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "grpo", "dr_grpo"])

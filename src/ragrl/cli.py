@@ -22,17 +22,54 @@ def _cmd_world(args: argparse.Namespace) -> None:
           f"questions {manifest['questions']}")
 
 
-def _cmd_model_tiny(args: argparse.Namespace) -> None:
-    from ragrl.toy.tiny_model import TinyModelSpec, build_tiny, with_prompt_text
-    from ragrl.toy.world import world_text
+def _tiny_spec(args: argparse.Namespace):
+    from ragrl.toy.tiny_model import TinyModelSpec
 
-    spec = TinyModelSpec(
+    return TinyModelSpec(
         vocab_size=args.vocab_size, hidden_size=args.hidden_size, num_layers=args.num_layers,
         num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, intermediate_size=args.intermediate_size,
         seed=args.seed,
     )
+
+
+def _add_tiny_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vocab-size", type=int, default=2000)
+    p.add_argument("--hidden-size", type=int, default=256)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-kv-heads", type=int, default=2)
+    p.add_argument("--intermediate-size", type=int, default=688)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _cmd_model_tiny(args: argparse.Namespace) -> None:
+    from ragrl.toy.tiny_model import build_tiny, with_prompt_text
+    from ragrl.toy.world import world_text
+
+    spec = _tiny_spec(args)
     out = build_tiny(with_prompt_text(world_text(args.world)), args.out, spec)
     print(f"tiny policy written to {out}")
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> None:
+    from ragrl.results.plots import plot_pretraining
+    from ragrl.train.pretrain import PretrainArgs, pretrain
+
+    spec = _tiny_spec(args)
+    settings = PretrainArgs(**_json_arg(args.settings)) if args.settings else PretrainArgs()
+    out = pretrain(args.world, args.out, spec, settings)
+    if args.plot:
+        plot_pretraining(out / "pretrain_log.jsonl", args.plot)
+    print(f"pretrained tiny policy written to {out}")
+
+
+def _json_arg(text: str) -> dict:
+    import json
+
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _cmd_model_generate(args: argparse.Namespace) -> None:
@@ -485,14 +522,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = model.add_parser("tiny", help="train the tiny tokenizer on a world and build the tiny Qwen2 policy")
     p.add_argument("--world", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--vocab-size", type=int, default=2000)
-    p.add_argument("--hidden-size", type=int, default=256)
-    p.add_argument("--num-layers", type=int, default=4)
-    p.add_argument("--num-heads", type=int, default=4)
-    p.add_argument("--num-kv-heads", type=int, default=2)
-    p.add_argument("--intermediate-size", type=int, default=688)
-    p.add_argument("--seed", type=int, default=0)
+    _add_tiny_spec_args(p)
     p.set_defaults(func=_cmd_model_tiny)
+
+    p = sub.add_parser("pretrain", help="train the tiny policy's tokenizer and pretrain it to read (fresh-name corpus)")
+    p.add_argument("--world", type=Path, required=True, help="the evaluation world: its names are kept out")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--plot", type=Path, help="write the loss / reading-probe curve here (PNG)")
+    p.add_argument("--settings", help="PretrainArgs as a JSON object, e.g. '{\"steps\": 2000}'")
+    _add_tiny_spec_args(p)
+    p.set_defaults(func=_cmd_pretrain)
 
     p = model.add_parser("generate", help="load a model dir with Auto* classes and generate (smoke test)")
     p.add_argument("--model", required=True)

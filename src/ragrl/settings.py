@@ -103,6 +103,10 @@ class RLConfig:
     temperature: float = 1.0  # must equal the rollout's sampling temperature: log-probs are of softmax(logits / T)
     mixed_precision: str = "no"  # "no" | "bf16" (fills DeepSpeed's "auto" bf16 switch)
     log_entropy: bool = True  # costs one [B, T, V] softmax per micro-batch in the no-grad pass
+    # DAPO's / HARR's filter: groups whose scalar rewards all tie (zero advantage) are left out of
+    # the update (their tokens get no loss and do not count in its normaliser); a step where every
+    # group ties makes no update. Their share is logged either way (`tied_group_share`).
+    filter_tied_groups: bool = False
 
     def __post_init__(self) -> None:
         problems = []

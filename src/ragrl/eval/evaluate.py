@@ -9,7 +9,9 @@ Outputs (both written atomically, in `out_dir`):
   response (the decoded response, for error analysis); plus the method's own metric columns
   (`extra_metrics`, e.g. KG-R1's hits1, entity_f1 and retrieval_hit over answer entities).
 * `metrics.json`: {"run_id", "dataset", "n", "metrics": {em, f1, cover_em, format, turns,
-  searches, <extra columns>}}, each metric the mean of its prediction column (null when n = 0).
+  searches, <extra columns>}, "ci95": {metric: [low, high]}}, each metric the mean of its
+  prediction column (null when n = 0) and its 95% percentile-bootstrap interval (1,000 resamples
+  of the questions, seeded; null when n = 0).
 
 Decoding is greedy by default: `temperature=0.0` overrides the rollout config's (pass
 `temperature=None` to sample with the config's own); one sample per question whatever
@@ -133,11 +135,32 @@ def prediction_record(row: dict, t, tools: Sequence[str]) -> dict:
     }
 
 
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+
+
 def summarize(predictions: Sequence[dict], run_id: str, dataset: str, extra_columns: Sequence[str] = ()) -> dict:
     n = len(predictions)
     columns = METRIC_COLUMNS + tuple(extra_columns)
     means = {k: (math.fsum(float(p[k]) for p in predictions) / n if n else None) for k in columns}
-    return {"run_id": run_id, "dataset": dataset, "n": n, "metrics": means}
+    ci95 = {k: bootstrap_ci([float(p[k]) for p in predictions]) for k in columns}
+    return {"run_id": run_id, "dataset": dataset, "n": n, "metrics": means, "ci95": ci95}
+
+
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+    """Percentile bootstrap interval [low, high] of the mean of `values` (questions resampled
+    with replacement); None for no values. Seeded: the same values give the same interval."""
+    import numpy as np
+
+    if not values:
+        return None
+    data = np.asarray(values, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, len(data), size=(resamples, len(data)))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return [float(low), float(high)]
 
 
 def _policy(model_dir, generator, tokenizer, device: str, dtype: str):

@@ -13,7 +13,8 @@ Inputs (written by the workflow; see the module functions for the exact checks):
 Tables::
 
     runs        (run_id, recipe, model, config_hash, git_commit, seeds JSON, stage, extra JSON)
-    evals       (run_id, dataset, metric, value DOUBLE, n BIGINT)  -- run x dataset x metric
+    evals       (run_id, dataset, metric, value DOUBLE, n BIGINT, ci_low DOUBLE, ci_high DOUBLE)
+                 -- run x dataset x metric; ci_*: 95% bootstrap interval (NULL if not given)
     predictions (run_id, dataset, <the parquet columns: id, question, golden_answers, prediction,
                  turns, queries, generated_tokens, observation_tokens, latency_s, em, f1, ...>)
     train_log   (run_id, step BIGINT, reward_mean, reward_std, kl, entropy, masked_share,
@@ -26,7 +27,8 @@ Views::
 
     leaderboard (run_id, recipe, model, dataset, metric, value, n)  -- main metric; exactly one
                  row per run x dataset that has an evaluation (value NULL if it lacks the metric)
-    table_<name> (row_idx, label, run_id, col_idx, dataset, metric, value, best) -- per table spec
+    table_<name> (row_idx, label, run_id, col_idx, dataset, metric, value, best, ci_low, ci_high)
+                 -- per table spec
 
 How inputs get in: parquet and TSV files are read by DuckDB's own readers (`read_parquet`,
 `read_csv`) with the file paths passed as prepared-statement parameters. The JSON inputs are small
@@ -90,7 +92,7 @@ CREATE TABLE runs (
     stage VARCHAR NOT NULL, extra JSON NOT NULL);
 CREATE TABLE evals (
     run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, metric VARCHAR NOT NULL, value DOUBLE,
-    n BIGINT NOT NULL, PRIMARY KEY (run_id, dataset, metric));
+    n BIGINT NOT NULL, ci_low DOUBLE, ci_high DOUBLE, PRIMARY KEY (run_id, dataset, metric));
 CREATE TABLE jobs (
     rule VARCHAR NOT NULL, wildcards VARCHAR NOT NULL, wall_s DOUBLE, max_rss_mb DOUBLE,
     cpu_s DOUBLE, mean_load DOUBLE, gpu INTEGER NOT NULL, gpu_hours DOUBLE,
@@ -180,6 +182,21 @@ def _nan_to_none(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_nan_to_none(v) for v in obj]
     return obj
+
+
+def _read_ci95(path: Path, obj: dict) -> dict[str, tuple[float | None, float | None]]:
+    """metrics.json's optional "ci95": metric -> [low, high] (or null)."""
+    ci = obj.get("ci95") or {}
+    if not isinstance(ci, dict):
+        raise DataFormatError(path, "expected an object of name -> [low, high]", field="ci95")
+    out = {}
+    for name, pair in ci.items():
+        if pair is None:
+            continue
+        if not (isinstance(pair, list) and len(pair) == 2 and all(_is_number(v) for v in pair)):
+            raise DataFormatError(path, f"expected [low, high], got {pair!r}", field=f"ci95.{name}")
+        out[name] = (_finite_or_none(pair[0]), _finite_or_none(pair[1]))
+    return out
 
 
 def _read_eval(path: Path) -> tuple[str, str, int, dict[str, float | None]]:
@@ -371,7 +388,7 @@ def build_database(
                                         "(run.json) among the inputs", field=field)
 
     # --- evals
-    eval_rows: list[tuple[str, str, str, float | None, int]] = []
+    eval_rows: list[tuple[str, str, str, float | None, int, float | None, float | None]] = []
     eval_files: dict[tuple[str, str], Path] = {}
     for p in map(Path, evals):
         run_id, dataset, n, metrics = _read_eval(p)
@@ -380,7 +397,8 @@ def build_database(
             raise DataFormatError(p, f"run {run_id!r} x dataset {dataset!r} already evaluated "
                                      f"in {eval_files[run_id, dataset]}")
         eval_files[run_id, dataset] = p
-        eval_rows += [(run_id, dataset, m, v, n) for m, v in metrics.items()]
+        ci = _read_ci95(p, _read_json_object(p))
+        eval_rows += [(run_id, dataset, m, v, n, *ci.get(m, (None, None))) for m, v in metrics.items()]
     if eval_rows and main_metric not in {r[2] for r in eval_rows}:
         raise ValueError(f"main metric {main_metric!r} appears in no metrics.json "
                          f"(metrics: {', '.join(sorted({r[2] for r in eval_rows}))})")
@@ -456,7 +474,7 @@ def _write_all(con, run_rows, eval_rows, pred_map, pred_cols, train_records, ext
             [[r["run_id"], r["recipe"], r["model"], r["config_hash"], r["git_commit"],
               r["seeds"], r["stage"], r["extra"]] for r in run_rows])
     if eval_rows:
-        con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
+        con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
 
     # predictions: one read_parquet over all files; run/dataset joined on the file name.
     if pred_map:

@@ -132,3 +132,23 @@ def plot_metrics(db_path: str | os.PathLike, out_dir: str | os.PathLike, metric:
     path = Path(out_dir) / f"metrics_{safe_name(metric)}.png"
     _save(fig, path)
     return path
+
+
+def plot_pretraining(log_jsonl: str | os.PathLike, out_png: str | os.PathLike) -> Path:
+    """The pretraining curve of `ragrl pretrain`: loss per logged step, and the reading probe's EM."""
+    import json
+
+    records = [json.loads(line) for line in Path(log_jsonl).read_text().splitlines() if line.strip()]
+    fig, (ax_loss, ax_em) = _figure(9, 3.2, ncols=2)
+    fig.suptitle("pretraining of the tiny policy")
+    ax_loss.plot([r["step"] for r in records], [r["loss"] for r in records], color="C0")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("LM loss")
+    probed = [r for r in records if "probe_em" in r]
+    ax_em.plot([r["step"] for r in probed], [r["probe_em"] for r in probed], color="C1", marker="o")
+    ax_em.set_ylim(0, 1)
+    ax_em.set_xlabel("step")
+    ax_em.set_ylabel("reading probe EM (held-out names)")
+    out_png = Path(out_png)
+    _save(fig, out_png)
+    return out_png

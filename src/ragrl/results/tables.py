@@ -14,7 +14,7 @@ runs / datasets / label columns and a metric absent from the database are errors
 
 The same SQL (`table_sql`) defines the `table_<name>` views in the database and feeds
 `render_tables`, so the files and the views always agree. The view has one row per
-run x dataset (row_idx, label, run_id, col_idx, dataset, metric, value, best); `best` is true for
+run x dataset (row_idx, label, run_id, col_idx, dataset, metric, value, best, ci_low, ci_high); `best` is true for
 every cell holding the column's best value (ties are all marked), computed on the stored values,
 not on the rounded ones.
 
@@ -124,9 +124,12 @@ def _values(rows: Iterable[tuple[int, str]]) -> str:
     return ", ".join(f"({i}, {sql_literal(v)})" for i, v in rows)
 
 
-def table_sql(spec: TableSpec) -> str:
-    """The SELECT behind the `table_<name>` view (literals quoted with `sql_literal`)."""
+def table_sql(spec: TableSpec, with_ci: bool = True) -> str:
+    """The SELECT behind the `table_<name>` view (literals quoted with `sql_literal`).
+
+    `with_ci=False` for a database built before `evals` had the ci_low / ci_high columns."""
     metric = sql_literal(spec.metric)
+    ci = "ci_low, ci_high" if with_ci else "NULL::DOUBLE AS ci_low, NULL::DOUBLE AS ci_high"
     if spec.runs is None:
         sel_runs = (f"SELECT CAST(row_number() OVER (ORDER BY run_id) - 1 AS INTEGER) AS row_idx, "
                     f"run_id FROM (SELECT DISTINCT run_id FROM evals WHERE metric = {metric})")
@@ -147,16 +150,16 @@ def table_sql(spec: TableSpec) -> str:
     return f"""
 WITH sel_runs AS ({sel_runs}),
      sel_datasets AS ({sel_ds}),
-     m AS (SELECT run_id, dataset, value FROM evals WHERE metric = {metric}),
+     m AS (SELECT run_id, dataset, value, {ci} FROM evals WHERE metric = {metric}),
      grid AS (
         SELECT sr.row_idx, CAST(r.{quote_ident(spec.label)} AS VARCHAR) AS label, sr.run_id,
-               sd.col_idx, sd.dataset, m.value
+               sd.col_idx, sd.dataset, m.value, m.ci_low, m.ci_high
         FROM sel_runs sr
         JOIN runs r ON r.run_id = sr.run_id
         CROSS JOIN sel_datasets sd
         LEFT JOIN m ON m.run_id = sr.run_id AND m.dataset = sd.dataset)
 SELECT row_idx, label, run_id, col_idx, dataset, {metric} AS metric, value,
-       {best} AS best
+       {best} AS best, ci_low, ci_high
 FROM grid
 ORDER BY row_idx, col_idx""".strip()
 
@@ -194,22 +197,31 @@ class TableData:
     datasets: list[str]
     values: list[list[float | None]]  # [row][col]
     best: list[list[bool]]
+    # half the width of the 95% bootstrap interval, where metrics.json gave one ([row][col])
+    halves: list[list[float | None]] | None = None
 
-    def cell(self, r: int, c: int) -> str:
+    def cell(self, r: int, c: int, pm: str = "±") -> str:
         v = self.values[r][c]
-        return MISSING if v is None else f"{v:.{self.spec.precision}f}"
+        if v is None:
+            return MISSING
+        half = self.halves[r][c] if self.halves else None
+        p = self.spec.precision
+        return f"{v:.{p}f}" if half is None else f"{v:.{p}f} {pm} {half:.{p}f}"
 
 
 def load_table(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> TableData:
     check_spec(con, spec)
-    rows = con.execute(table_sql(spec)).fetchall()
+    with_ci = bool(con.execute("SELECT count(*) FROM information_schema.columns "
+                               "WHERE table_name = 'evals' AND column_name = 'ci_low'").fetchone()[0])
+    rows = con.execute(table_sql(spec, with_ci)).fetchall()
     labels: dict[int, str] = {}
     run_ids: dict[int, str] = {}
     datasets: dict[int, str] = {}
-    cells: dict[tuple[int, int], tuple[float | None, bool]] = {}
-    for row_idx, label, run_id, col_idx, dataset, _metric, value, best in rows:
+    cells: dict[tuple[int, int], tuple[float | None, bool, float | None]] = {}
+    for row_idx, label, run_id, col_idx, dataset, _metric, value, best, low, high in rows:
         labels[row_idx], run_ids[row_idx], datasets[col_idx] = label, run_id, dataset
-        cells[row_idx, col_idx] = (value, bool(best))
+        half = (high - low) / 2 if value is not None and low is not None and high is not None else None
+        cells[row_idx, col_idx] = (value, bool(best), half)
     rs, cs = sorted(labels), sorted(datasets)
     return TableData(
         spec=spec,
@@ -218,6 +230,7 @@ def load_table(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> TableData:
         datasets=[datasets[c] for c in cs],
         values=[[cells[r, c][0] for c in cs] for r in rs],
         best=[[cells[r, c][1] for c in cs] for r in rs],
+        halves=[[cells[r, c][2] for c in cs] for r in rs],
     )
 
 
@@ -298,7 +311,7 @@ def render_latex(t: TableData) -> str:
             if t.values[r][c] is None:
                 cells.append(LATEX_MISSING)
             else:
-                text = t.cell(r, c)
+                text = t.cell(r, c, pm="$\\pm$")
                 cells.append(f"\\textbf{{{text}}}" if t.best[r][c] else text)
         lines.append(" & ".join([latex_escape(label)] + cells) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]

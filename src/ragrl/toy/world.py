@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -449,11 +450,14 @@ def _factual_rows(entities, facts_by_head, cands_1hop: list[dict], split: str, n
 # --------------------------------------------------------------------------- assembly
 
 
-def generate_world(seed: int, size: int | str = "tiny") -> World:
+def generate_world(seed: int, size: int | str = "tiny", reserved: Iterable[str] = ()) -> World:
+    """The world of `seed` and `size`; `reserved` names (another world's) are never given out here."""
     people = size_to_people(size)
     rng = random.Random(seed)
     counts = entity_counts(people)
     names = NameFactory(rng)  # one namespace: event titles never collide with entity names/aliases
+    for name in reserved:
+        names.reserve(name)
     entities = _make_entities(names, counts)
     facts = _make_facts(rng, entities)
     facts_by_head: dict[str, list[Fact]] = {eid: [] for eid in entities}

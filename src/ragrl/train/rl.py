@@ -26,6 +26,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -167,6 +168,14 @@ def sample_advantages(
     return adv_lib.token_advantages(seq, batch["loss_mask"], batch["turn_index"], turn_adv, cfg.turn_advantage_weight)
 
 
+def tied_samples(rewards: Sequence[float], groups: Sequence[int]) -> list[bool]:
+    """Per sample: does every sample of its group have the same reward (a zero-advantage group)?"""
+    by_group: dict[int, set[float]] = {}
+    for r, g in zip(rewards, groups):
+        by_group.setdefault(g, set()).add(float(r))
+    return [len(by_group[g]) == 1 for g in groups]
+
+
 def step_record(step: int, sums: dict[str, float], extra: dict[str, Any]) -> dict[str, Any]:
     """The train_log line of one step from metric sums pooled over processes."""
 
@@ -186,6 +195,7 @@ def step_record(step: int, sums: dict[str, float], extra: dict[str, Any]) -> dic
         "masked_share": ratio("observation_tokens", "response_tokens"),
         "response_length": sums["response_tokens"] / n,
         "searches_per_trajectory": ratio("searches", "searches_count"),
+        "tied_group_share": ratio("tied_groups", "groups"),
         **{k.removeprefix("stat:"): v / n for k, v in sums.items() if k.startswith("stat:")},
         **extra,
     }
@@ -207,7 +217,7 @@ def progress_line(rec: dict[str, Any], steps: int) -> str:
     return (
         f"[rl] step {rec['step']}/{steps} reward {f(rec['reward_mean'], '.3f')}±{f(rec['reward_std'], '.3f')} "
         f"kl {f(rec['kl'], '.4f')} ent {f(rec['entropy'], '.3f')} len {f(rec['response_length'], '.1f')} "
-        f"masked {f(rec['masked_share'], '.2f')} loss {f(rec['loss'], '.4f')} gn {f(rec['grad_norm'], '.3f')} "
+        f"masked {f(rec['masked_share'], '.2f')} tied {f(rec.get('tied_group_share'), '.2f')} loss {f(rec['loss'], '.4f')} gn {f(rec['grad_norm'], '.3f')} "
         f"lr {f(rec['lr'], '.2e')} {rec['step_time_s']:.2f}s"
     )
 
@@ -454,6 +464,10 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
         "kl": float((kl_k3(old_logp, ref_logp) * mask).sum()) if ref_logp is not None else 0.0,
         "entropy": float((entropy * mask).sum()) if entropy is not None else 0.0,
     }
+    tied = tied_samples([s.reward for s in samples], [s.group for s in samples])
+    group_tied = {s.group: t for s, t in zip(samples, tied)}
+    sums["groups"] = float(len(group_tied))
+    sums["tied_groups"] = float(sum(group_tied.values()))
     # Any other numeric rollout stat (e.g. KG-R1's reward components) is logged as its mean; the
     # keys come from the rollout function, identical on every process.
     for key in sorted(set().union(*(s.stats for s in samples)) - {"searches", "response_length"}):
@@ -465,9 +479,18 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     advantages = sample_advantages(samples, batch, cfg, batch_mean, batch_std)
 
     lr = optimizer.param_groups[0]["lr"]
-    losses, grad_norms, clip_fracs = _update(accelerator, model, optimizer, cfg, step, batch, advantages, old_logp,
-                                             ref_logp, n_micro)
-    scheduler.step()
+    if cfg.filter_tied_groups:
+        keep = torch.tensor([not t for t in tied], dtype=batch["loss_mask"].dtype)
+        batch = {**batch, "loss_mask": batch["loss_mask"] * keep[:, None]}
+    if cfg.filter_tied_groups and pooled["tied_groups"] == pooled["groups"]:
+        losses, grad_norms, clip_fracs = [0.0], [], [0.0]  # nothing to learn from: no update
+    else:
+        losses, grad_norms, clip_fracs = _update(accelerator, model, optimizer, cfg, step, batch, advantages,
+                                                 old_logp, ref_logp, n_micro)
+    with warnings.catch_warnings():
+        # A skipped (all-tied) step still advances the schedule, so LR stays a function of the step.
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        scheduler.step()
 
     extra_sums = _pooled_sums(accelerator, {
         "loss": float(np.mean(losses)),
