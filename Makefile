@@ -59,7 +59,7 @@ run: $(STAMP)
 	@echo "logs:         $(CURDIR)/logs   timings: $(CURDIR)/benchmarks"
 
 test: $(STAMP) $(VLLM_STAMP) $(VERL_STAMP)
-	RAGRL_VLLM_VENV=$(abspath $(VLLM_VENV)) RAGRL_VERL_VENV=$(abspath $(VERL_VENV)) $(BIN)/python -m pytest -q
+	RAGRL_VLLM_VENV=$(abspath $(VLLM_VENV)) RAGRL_VERL_VENV=$(abspath $(VERL_VENV)) $(BIN)/python -m pytest -q --durations=25
 
 lint: $(STAMP)
 	snakemake --lint

@@ -47,7 +47,9 @@ def _run(paper: Path, twin: Path, workdir: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("twin", TWINS, ids=lambda p: p.stem)
 def test_twin_runs_the_whole_dag(twin, tmp_path):
     paper = REPO / "config/paper" / twin.name
-    recipes = {n: r for n, r in yaml.safe_load(paper.read_text())["recipes"].items() if r}
+    paper_cfg, twin_cfg = yaml.safe_load(paper.read_text()), yaml.safe_load(twin.read_text())
+    recipes = {n: r for n, r in paper_cfg["recipes"].items() if r}
+    twin_recipes = twin_cfg.get("recipes") or {}
     if any(r.get("rl", {}).get("backend") == "verl" for r in recipes.values()) and not VERL_VENV:
         pytest.skip("RAGRL_VERL_VENV is unset; `make test` builds .venv-verl and sets it")
     proc = _run(paper, twin, tmp_path)
@@ -61,7 +63,9 @@ def test_twin_runs_the_whole_dag(twin, tmp_path):
     steps = dict(con.execute("select run_id, count(*) from train_log group by run_id").fetchall())
     assert all(steps.get(run) == 2 for run in trained), steps
     for name, settings in recipes.items():
-        datasets = settings.get("eval_datasets") or yaml.safe_load(paper.read_text())["evaluation"]["datasets"]
+        evaluation = {**paper_cfg["evaluation"], **twin_cfg.get("evaluation", {})}
+        datasets = ((twin_recipes.get(name) or {}).get("eval_datasets") or settings.get("eval_datasets")
+                    or evaluation["datasets"])
         done = {r[0] for r in con.execute("select distinct dataset from evals where run_id = ?", [f"{name}_rl"]).fetchall()}
         assert done == set(datasets), (name, done)
         # The merged RL checkpoint is a full Hugging Face model the evaluation loaded.
