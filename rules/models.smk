@@ -52,12 +52,12 @@ rule pretrain:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m ragrl pretrain --world {params.world} --out {params.out} --plot {output.plot}"
+        "python -m ragrl pretrain --world {params.world:q} --out {params.out:q} --plot {output.plot:q}"
         " --settings {params.settings:q}"
-        " --vocab-size {params.spec[vocab_size]} --hidden-size {params.spec[hidden_size]}"
-        " --num-layers {params.spec[num_layers]} --num-heads {params.spec[num_heads]}"
-        " --num-kv-heads {params.spec[num_kv_heads]} --intermediate-size {params.spec[intermediate_size]}"
-        " --seed {params.spec[seed]} > {log} 2>&1"
+        " --vocab-size {params.spec[vocab_size]:q} --hidden-size {params.spec[hidden_size]:q}"
+        " --num-layers {params.spec[num_layers]:q} --num-heads {params.spec[num_heads]:q}"
+        " --num-kv-heads {params.spec[num_kv_heads]:q} --intermediate-size {params.spec[intermediate_size]:q}"
+        " --seed {params.spec[seed]:q} > {log:q} 2>&1"
 
 
 rule policy_generate:
