@@ -21,7 +21,8 @@ GENERIC = [REPO / "src/ragrl/cli.py", REPO / "Snakefile", *sorted((REPO / "src/r
            *sorted((REPO / "src/ragrl/train/verl").glob("*.py"))]
 
 
-def test_generic_layers_never_name_a_method():
+def _name_branches(lines) -> list[tuple[int, str]]:
+    """(line number, line) of every comparison against a built-in method name in `lines`."""
     names = "|".join(re.escape(n) for n in builtin_names())
     quoted = rf"""["']({names})["']"""
     patterns = [
@@ -30,20 +31,21 @@ def test_generic_layers_never_name_a_method():
         r"""env["']?\]?\s*(==|!=|\bin\b)""",  # settings["env"] == ..., recipe.env in ...
         r"multi_query_search",  # the one method name no other concept shares
     ]
-    offences = []
-    for path in GENERIC:
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("#", 1)[0]
-            if any(re.search(p, code) for p in patterns):
-                offences.append(f"{path.relative_to(REPO)}:{lineno}: {line.strip()}")
+    return [(i, line) for i, line in enumerate(lines, 1)
+            if any(re.search(p, line.split("#", 1)[0]) for p in patterns)]
+
+
+def test_generic_layers_never_name_a_method():
+    offences = [f"{path.relative_to(REPO)}:{i}: {line.strip()}"
+                for path in GENERIC for i, line in _name_branches(path.read_text().splitlines())]
     assert offences == []
 
 
-def test_the_name_check_catches_a_branch(tmp_path):
-    # The check above must be able to fail: the old CLI's dispatch is caught by its patterns.
-    names = "|".join(re.escape(n) for n in builtin_names())
-    old = 'if recipe.env == "kg":'
-    assert re.search(rf"""(==|!=)\s*["']({names})["']""", old)
+def test_the_name_check_catches_a_branch():
+    # The check above must be able to fail: the old CLI's and rules' dispatch lines are caught.
+    old = ['if recipe.env == "kg":', 'if settings["env"] != "kg" and x:', 'return env in ("search", "none")',
+           'make_environment("multi_query_search", r)', 'x = 1  # env == "kg" in a comment is fine']
+    assert [i for i, _ in _name_branches(old)] == [1, 2, 3, 4]
 
 
 def test_builtin_methods_and_their_declarations():
