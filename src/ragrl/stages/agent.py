@@ -94,17 +94,16 @@ def sft(recipe: Recipe, data: Path, policy: Path, out: Path) -> Path:
 def rl(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out_dir: Path, *,
        limit: int | None = None, log_out: Path | None = None, flags: Mapping[str, Any] | None = None) -> Path:
     """RL on the recipe's backend: our trainer here, or verl on a Ray cluster (docs/VERL.md)."""
+    flags = dict(flags or {})
     if recipe.rl.get("backend", "local") == "verl":
         from ragrl.train.verl.launch import run_verl
 
-        flags = dict(flags or {})
         return run_verl(recipe, qa, policy, out_dir, index=flags.get("index"), bm25=flags.get("bm25"),
                         mode=flags.get("mode"), limit=limit, log_out=log_out)
     from ragrl.stages.agent_rl import train_agent
 
     # The files the environment reads key the resume check by content (ragrl.workdir), and a KG
     # service's description of what it serves by value.
-    flags = dict(flags or {})
     inputs = {k: flags.get(k) for k in ("index", "bm25", "passages", "kg") if flags.get(k) is not None}
     fingerprint = {kind: b.health().get("datasets", {}) for kind, b in backends.items()
                    if kind != "retriever" and hasattr(b, "health")}
