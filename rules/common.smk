@@ -444,6 +444,11 @@ def runs():
             out[f"{name}_sft"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "sft"),
                                   "stage": "sft"}
         out[f"{name}_rl"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "rl"), "stage": "rl"}
+        # The upper bound of a retrieving recipe: its RL policy with oracle retrieval (every query
+        # gets its question's supporting passages).
+        if config["evaluation"]["oracle"] and "retriever" in method_of(recipe(name)).inputs:
+            out[f"{name}_oracle"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "rl"),
+                                     "stage": "oracle"}
     return out
 
 
@@ -467,6 +472,8 @@ def run_inputs(wildcards):
     run = runs()[wildcards.run]
     inputs = {"model": run_model_inputs(wildcards.run), "qa": qa_path(wildcards.dataset)}
     inputs.update(env_inputs(run["settings"], run["recipe"], wildcards.dataset))
+    if run["stage"] == "oracle":
+        inputs["passages"] = passages_path(config["retrieval"]["corpus"])
     return inputs
 
 
@@ -479,17 +486,20 @@ def run_definition(run_id):
     """Everything that defines a run (its manifest's config hash): the stages behind its model."""
     run = runs()[run_id]
     parts = {"eval": recipe_part(run["recipe"], "eval", run["settings"])}
-    if run["stage"] in ("sft", "rl"):
+    if run["stage"] in ("sft", "rl", "oracle"):
         parts["sft_data"] = recipe_part(run["recipe"], "sft_data")
         parts["sft"] = recipe_part(run["recipe"], "sft")
-    if run["stage"] == "rl":
+    if run["stage"] in ("rl", "oracle"):
         parts["rl"] = recipe_part(run["recipe"], "rl")
     return {"recipe": parts, "world": config["world"], "policy": config["models"]["policy"],
             "evaluation": {k: config["evaluation"][k] for k in ("max_questions",)}}
 
 
 def run_env_args(wildcards, input):
-    return env_flags(input, runs()[wildcards.run]["settings"], wildcards.dataset)
+    flags = env_flags(input, runs()[wildcards.run]["settings"], wildcards.dataset)
+    if runs()[wildcards.run]["stage"] == "oracle":
+        flags += ["--oracle", "--passages", input["passages"]]
+    return flags
 
 
 def run_model_arg(wildcards, input):

@@ -42,6 +42,9 @@ rule pretrain:
         out=output_dir,
         spec=config["models"]["tiny"],
         settings=lambda wc: json.dumps(config["pretrain"]["settings"], sort_keys=True),
+        # Pretrained models shipped with the repository, by cache key (ragrl.train.pretrain.cache_key):
+        # the default's is there, so a fresh clone copies it instead of pretraining for half an hour.
+        cache=config["pretrain"]["cache"],
     log:
         "logs/pretrain.log",
     benchmark:
@@ -53,7 +56,7 @@ rule pretrain:
         "../envs/train.yaml"
     shell:
         "python -m ragrl pretrain --world {params.world:q} --out {params.out:q} --plot {output.plot:q}"
-        " --settings {params.settings:q}"
+        " --settings {params.settings:q} --cache {params.cache:q}"
         " --vocab-size {params.spec[vocab_size]:q} --hidden-size {params.spec[hidden_size]:q}"
         " --num-layers {params.spec[num_layers]:q} --num-heads {params.spec[num_heads]:q}"
         " --num-kv-heads {params.spec[num_kv_heads]:q} --intermediate-size {params.spec[intermediate_size]:q}"

@@ -70,13 +70,33 @@ def test_default_pretraining_text_has_no_name_of_the_world(default_world):
 
     for text in tokenizer_texts(settings, reserved):
         check(text)
-    # An example is longer than 100 tokens, so this covers every example the steps consume.
-    budget = settings.steps * settings.batch_size * settings.seq_len // 100
+    # Every example the default's steps consume: as many as the shipped model's log says it used
+    # (its last record), else a bound (an example is at least 8 tokens).
+    shipped = _shipped_model_dir(default_world)
+    if shipped is not None:
+        budget = json.loads((shipped / "pretrain_log.jsonl").read_text().splitlines()[-1])["examples"]
+    else:
+        budget = settings.steps * settings.batch_size * settings.seq_len // 8
+    first_words = {re.findall(r"\w+", n)[0] for n in reserved}
     stream = corpus_examples(settings.seed, settings.world_people, settings.distractors, reserved,
-                             settings.mix_worlds)
+                             settings.mix_worlds, settings)
     for _ in range(budget):
         prompt, answer = next(stream)
-        check(prompt + answer)
+        # the full regex only where a reserved name's first word occurs (it is slow on 10^5 texts)
+        if first_words.intersection(re.findall(r"\w+", prompt + answer)):
+            check(prompt + answer)
+
+
+def _shipped_model_dir(world_dir: Path) -> Path | None:
+    """The pretrained model the repository ships for the default config, if any."""
+    from ragrl.toy.tiny_model import TinyModelSpec
+    from ragrl.train.pretrain import cache_key
+
+    cfg = _default_config()
+    spec = TinyModelSpec(**cfg["models"]["tiny"])
+    key = cache_key(spec, PretrainArgs(**cfg["pretrain"]["settings"]), world_names(world_dir))
+    path = ROOT / cfg["pretrain"]["cache"] / key
+    return path if (path / "model.safetensors").is_file() else None
 
 
 def test_corpus_examples_read_like_retrieval_results():
@@ -121,11 +141,15 @@ class _CharTokenizer:
 def test_rows_hold_whole_examples_and_too_short_rows_fail_loudly():
     from ragrl.train.pretrain import PackedBatches
 
-    ids, labels = next(PackedBatches(corpus_examples(0, 30, 1, reserved=[]), _CharTokenizer(), 2, 4000))
-    assert ids.shape == (2, 4000)
-    for row_ids, row_labels in zip(ids.tolist(), labels.tolist()):
+    ids, labels, weights = next(PackedBatches(corpus_examples(0, 30, 1, reserved=[]), _CharTokenizer(), 2, 4000,
+                                              answer_weight=3.0))
+    assert ids.shape == (2, 4000) == weights.shape
+    for row_ids, row_labels, row_w in zip(ids.tolist(), labels.tolist(), weights.tolist()):
         used = [i for i, lab in zip(row_ids, row_labels) if lab != -100]
         assert used and used[-1] == 0  # the row's last example ends with its separator, then padding
+        # answers (and their separator) weigh 3, the passages 1, padding 0
+        assert set(row_w) == {0.0, 1.0, 3.0}
+        assert all((w == 0.0) == (lab == -100) for w, lab in zip(row_w, row_labels))
     with pytest.raises(ValueError, match="seq_len=16"):
         next(PackedBatches(corpus_examples(0, 30, 1, reserved=[]), _CharTokenizer(), 1, 16))
 
@@ -135,3 +159,62 @@ def test_probe_rows_show_the_supporting_passages(default_world):
     assert len(rows) == 5
     for r in rows:
         assert r["prompt"].count("Doc ") >= 2 and r["answers"]
+
+
+def test_weighted_lm_loss_is_the_weighted_mean_of_next_token_losses():
+    import math
+
+    import torch
+
+    from ragrl.train.pretrain import weighted_lm_loss
+
+    # vocab 2; position t predicts labels[t+1]. Uniform logits give log 2 per token; a confident
+    # right logit (+10 vs 0) gives log(1 + e^-10).
+    logits = torch.tensor([[[0.0, 0.0], [10.0, 0.0], [0.0, 0.0]]])
+    labels = torch.tensor([[-100, 1, 0]])
+    weights = torch.tensor([[0.0, 1.0, 4.0]])
+    want = (1 * math.log(2) + 4 * math.log(1 + math.exp(-10))) / 5
+    assert weighted_lm_loss(logits, labels, weights).item() == pytest.approx(want, rel=1e-5)
+    # padding (-100) counts for nothing even with a weight
+    labels = torch.tensor([[-100, 1, -100]])
+    assert weighted_lm_loss(logits, labels, weights).item() == pytest.approx(math.log(2), rel=1e-5)
+
+
+def test_fact_lists_ask_about_a_fact_they_state():
+    import random
+
+    from ragrl.train.pretrain import fact_examples
+
+    world = generate_world(5, 30)
+    examples = fact_examples(world, random.Random(0), max_facts=4)
+    assert len(examples) > 100
+    lengths = set()
+    for prompt, answer in examples:
+        facts_text, question = prompt.rsplit("\nQuestion: ", 1)
+        assert question.endswith("\nAnswer:") and answer.startswith(" ")
+        assert answer.strip() in facts_text  # the answer is read, not known
+        lengths.add(facts_text.count(". ") + 1)
+    assert min(lengths) == 1 and max(lengths) >= 3
+
+
+def test_a_pretrained_model_is_reused_by_its_cache_key(default_world, tmp_path):
+    from ragrl.toy.tiny_model import TinyModelSpec
+    from ragrl.train.pretrain import cache_key
+
+    spec = TinyModelSpec(hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=128, num_layers=1)
+    args = PretrainArgs(steps=2, batch_size=2, seq_len=512, log_every=1, eval_every=0, eval_questions=0,
+                        tokenizer_worlds=5, warmup_steps=1)
+    cache = tmp_path / "cache"
+    first = pretrain(default_world, tmp_path / "a", spec, args, cache_dir=cache, write_cache=True)
+    key = cache_key(spec, args, world_names(default_world))
+    assert (cache / key / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
+    # Mark the cached copy: a reuse copies it, a retrain would not have the mark.
+    (cache / key / "pretrain_log.jsonl").write_text('{"step": 0, "reused": true}\n')
+    again = pretrain(default_world, tmp_path / "b", spec, args, cache_dir=cache)
+    assert "reused" in (again / "pretrain_log.jsonl").read_text()
+    # logging settings do not change the key; training settings and kept-out names do
+    assert cache_key(spec, PretrainArgs(**{**args.__dict__, "log_every": 7}), world_names(default_world)) == key
+    assert cache_key(spec, PretrainArgs(**{**args.__dict__, "lr": 0.01}), world_names(default_world)) != key
+    assert cache_key(spec, args, world_names(default_world)[1:]) != key
+    other = pretrain(default_world, tmp_path / "c", spec, PretrainArgs(**{**args.__dict__, "seed": 1}), cache_dir=cache)
+    assert "reused" not in (other / "pretrain_log.jsonl").read_text()

@@ -191,6 +191,43 @@ def test_evals_carry_the_bootstrap_interval_of_metrics_json(tmp_path):
     assert "$\\pm$" in tex
 
 
+def test_question_types_get_their_own_rows_and_table_columns(tmp_path):
+    from ragrl.eval.evaluate import summarize
+    from ragrl.results.tables import render_tables
+
+    # 1hop: em 1, 1, 0 -> 2/3; comparison: em 0, 1 -> 1/2; overall 3/5.
+    preds = [{"em": e, "f1": e, "cover_em": e, "format": 1.0, "turns": 2, "searches": 1, "question_type": t}
+             for e, t in [(1.0, "1hop"), (1.0, "1hop"), (0.0, "1hop"), (0.0, "comparison"), (1.0, "comparison")]]
+    metrics = summarize(preds, "r1", "world_test")
+    assert metrics["metrics"]["em"] == pytest.approx(3 / 5)
+    assert sorted(metrics["by_type"]) == ["1hop", "comparison"]
+    assert metrics["by_type"]["1hop"]["n"] == 3
+    assert metrics["by_type"]["1hop"]["metrics"]["em"] == pytest.approx(2 / 3)
+    assert metrics["by_type"]["comparison"]["metrics"]["em"] == pytest.approx(1 / 2)
+    # untyped questions (a real dataset) give no breakdown
+    assert "by_type" not in summarize([{**p, "question_type": ""} for p in preds], "r1", "nq")
+    run = _write_json(tmp_path / "run.json", {"run_id": "r1", "recipe": "x", "model": "m", "config_hash": "h",
+                                              "git_commit": "c", "seeds": {}, "stage": "sft"})
+    ev = _write_json(tmp_path / "metrics.json", metrics)
+    db = tmp_path / "db.duckdb"
+    spec = {"name": "types", "title": "By type", "metric": "em",
+            "datasets": ["world_test:1hop", "world_test:comparison"]}
+    build_database(db, runs=[run], evals=[ev], predictions=[], train_logs=[], benchmarks=[],
+                   rule_gpus={}, table_specs=[spec])
+    assert rows(db, "SELECT dataset, n FROM evals WHERE metric = 'em'") == [("world_test", 5)]
+    got = {t: (n, v) for t, n, v in rows(db, "SELECT question_type, n, value FROM evals_by_type WHERE metric = 'em'")}
+    assert got == {"1hop": (3, pytest.approx(2 / 3)), "comparison": (2, pytest.approx(1 / 2))}
+    # the leaderboard keeps one row per run x dataset: breakdowns are not datasets of their own
+    assert rows(db, "SELECT dataset, value FROM leaderboard") == [("world_test", pytest.approx(3 / 5))]
+    md = next(p for p in render_tables(db, [spec], tmp_path / "tables") if p.suffix == ".md").read_text()
+    assert "0.667" in md and "0.500" in md
+    # a malformed breakdown names its field
+    bad = _write_json(tmp_path / "bad" / "metrics.json", {**metrics, "by_type": {"1hop": {"n": -1, "metrics": {"em": 1}}}})
+    with pytest.raises(DataFormatError, match="by_type.1hop.n"):
+        build_database(tmp_path / "bad.duckdb", runs=[run], evals=[bad], predictions=[], train_logs=[],
+                       benchmarks=[], rule_gpus={}, table_specs=[])
+
+
 def test_leaderboard_one_row_per_run_and_dataset(built):
     got = rows(built, "SELECT run_id, recipe, model, dataset, metric, value FROM leaderboard")
     assert len(got) == len(METRICS)

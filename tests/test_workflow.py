@@ -33,6 +33,10 @@ def _tiny_config() -> dict:
     """
     cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
     cfg["world"] = {"seed": 3, "size": 30}
+    # A randomly initialised policy: the pretrained reader is the default world's (shipped by
+    # cache key), and pretraining one for this world would take half an hour (tests/test_learning.py
+    # runs the pretrained route).
+    cfg["pretrain"]["enabled"] = False
     cfg["models"]["tiny"] = {"vocab_size": 600, "hidden_size": 128, "num_heads": 2, "num_kv_heads": 1,
                              "num_layers": 2, "intermediate_size": 256, "seed": 0}
     cfg["corpora"] = {"world": cfg["corpora"]["world"], "dpr_example": cfg["corpora"]["dpr_example"]}

@@ -57,7 +57,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> None:
 
     spec = _tiny_spec(args)
     settings = PretrainArgs(**_json_arg(args.settings)) if args.settings else PretrainArgs()
-    out = pretrain(args.world, args.out, spec, settings)
+    out = pretrain(args.world, args.out, spec, settings, cache_dir=args.cache, write_cache=args.write_cache)
     if args.plot:
         plot_pretraining(out / "pretrain_log.jsonl", args.plot)
     print(f"pretrained tiny policy written to {out}")
@@ -227,9 +227,10 @@ def _backends(args: argparse.Namespace) -> dict:
     """What the recipe's environment reads, from the flags the rule passed (ragrl.stages.agent)."""
     from ragrl.stages.agent import load_backends
 
+    oracle = getattr(args, "oracle", False)
     return load_backends(index=args.index, bm25=args.bm25, mode=args.mode, passages=args.passages, gpu=args.gpu,
-                         kg=args.kg,
-                         kg_mode=args.kg_mode, kg_url=args.kg_url)
+                         kg=args.kg, kg_mode=args.kg_mode, kg_url=args.kg_url,
+                         oracle_qa=args.qa if oracle else None)
 
 
 def _cmd_sft_data(args: argparse.Namespace) -> None:
@@ -468,6 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-questions", type=int)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--oracle", action="store_true",
+                   help="oracle retrieval: every query gets its question's supporting passages (from --passages)")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("run-manifest", help="write run.json (run id, recipe, model, config hash, commit, seeds)")
@@ -530,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--plot", type=Path, help="write the loss / reading-probe curve here (PNG)")
     p.add_argument("--settings", help="PretrainArgs as a JSON object, e.g. '{\"steps\": 2000}'")
+    p.add_argument("--cache", type=Path, help="pretrained models by cache key (resources/pretrained): "
+                   "a model with this spec, settings and world is copied from there instead of retrained")
+    p.add_argument("--write-cache", action="store_true", help="add a newly pretrained model to --cache")
     _add_tiny_spec_args(p)
     p.set_defaults(func=_cmd_pretrain)
 

@@ -86,7 +86,9 @@ class SearchEnvironment:
         """
         reserved = tuple(reserved)
         queries = [q for a in actions if a.kind == "search" for q in a.queries]
-        results = self._search(queries) if queries else []
+        ids = list(sample_ids) if sample_ids is not None else [None] * len(actions)
+        query_ids = [sid for a, sid in zip(actions, ids) if a.kind == "search" for _ in a.queries]
+        results = self._search(queries, query_ids) if queries else []
         out: list[str | None] = []
         cursor = 0
         for action in actions:
@@ -104,10 +106,14 @@ class SearchEnvironment:
     def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
         return format_docs(hits[0], reserved)
 
-    def _search(self, queries: list[str]) -> list[list[dict]]:
+    def _search(self, queries: list[str], sample_ids: list[str | None] | None = None) -> list[list[dict]]:
         start = time.monotonic()
         try:
-            results = self.retriever.search(list(queries), self.topk)
+            # An oracle retriever answers from each query's question; any other from the query alone.
+            if getattr(self.retriever, "per_question", False) and sample_ids is not None:
+                results = getattr(self.retriever, "search_for")(list(queries), self.topk, sample_ids)
+            else:
+                results = self.retriever.search(list(queries), self.topk)
         except Exception as exc:
             exc.add_note(
                 f"while the {self.name} environment searched {len(queries)} queries (first: {queries[0]!r}); "

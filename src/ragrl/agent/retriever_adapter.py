@@ -25,6 +25,15 @@ class AgentRetriever:
     def search(self, queries: list[str], topk: int) -> list[list[dict]]:
         return [[hit_to_dict(h) for h in hits] for hits in self.backend.search(list(queries), topk)]
 
+    @property
+    def per_question(self) -> bool:
+        """Whether the backend answers a query from its question (an oracle): see `search_for`."""
+        return callable(getattr(self.backend, "search_for", None))
+
+    def search_for(self, queries: list[str], topk: int, sample_ids: list[str | None]) -> list[list[dict]]:
+        search_for = getattr(self.backend, "search_for")  # present: see per_question
+        return [[hit_to_dict(h) for h in hits] for hits in search_for(list(queries), topk, sample_ids)]
+
 
 def hit_to_dict(hit: Any) -> dict:
     if isinstance(hit, Mapping):

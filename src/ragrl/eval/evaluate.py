@@ -11,7 +11,9 @@ Outputs (both written atomically, in `out_dir`):
 * `metrics.json`: {"run_id", "dataset", "n", "metrics": {em, f1, cover_em, format, turns,
   searches, <extra columns>}, "ci95": {metric: [low, high]}}, each metric the mean of its
   prediction column (null when n = 0) and its 95% percentile-bootstrap interval (1,000 resamples
-  of the questions, seeded; null when n = 0).
+  of the questions, seeded; null when n = 0); with typed questions (`metadata.type`, the world's
+  1hop / bridge / comparison) also "by_type": {type: {"n", "metrics", "ci95"}}, which the results
+  database files as dataset `<dataset>:<type>`.
 
 Decoding is greedy by default: `temperature=0.0` overrides the rollout config's (pass
 `temperature=None` to sample with the config's own); one sample per question whatever
@@ -24,6 +26,7 @@ checks each turn against that environment's own tool actions.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -55,6 +58,7 @@ PREDICTION_SCHEMA = pa.schema([
     ("format", pa.float64()),
     ("stop_reason", pa.string()),
     ("response", pa.string()),
+    ("question_type", pa.string()),
 ])
 
 
@@ -132,7 +136,20 @@ def prediction_record(row: dict, t, tools: Sequence[str]) -> dict:
         "format": format_reward(t.response_text, tools),
         "stop_reason": t.stop_reason,
         "response": t.response_text,
+        "question_type": question_type(row),
     }
+
+
+def question_type(row: dict) -> str:
+    """The row's `metadata.type` (the world's 1hop / bridge / comparison), "" when it has none."""
+    meta = row.get("metadata")
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            return ""
+    kind = meta.get("type") if isinstance(meta, dict) else None
+    return kind if isinstance(kind, str) else ""
 
 
 BOOTSTRAP_RESAMPLES = 1000
@@ -140,11 +157,21 @@ BOOTSTRAP_SEED = 0
 
 
 def summarize(predictions: Sequence[dict], run_id: str, dataset: str, extra_columns: Sequence[str] = ()) -> dict:
-    n = len(predictions)
+    """metrics.json: means and intervals over all questions, and, when the questions have types
+    (the world's 1hop / bridge / comparison), the same per type under "by_type"."""
     columns = METRIC_COLUMNS + tuple(extra_columns)
+    out = {"run_id": run_id, "dataset": dataset, **_means(predictions, columns)}
+    kinds = sorted({p.get("question_type") or "" for p in predictions} - {""})
+    if kinds:
+        out["by_type"] = {k: _means([p for p in predictions if p.get("question_type") == k], columns) for k in kinds}
+    return out
+
+
+def _means(predictions: Sequence[dict], columns: Sequence[str]) -> dict:
+    n = len(predictions)
     means = {k: (math.fsum(float(p[k]) for p in predictions) / n if n else None) for k in columns}
     ci95 = {k: bootstrap_ci([float(p[k]) for p in predictions]) for k in columns}
-    return {"run_id": run_id, "dataset": dataset, "n": n, "metrics": means, "ci95": ci95}
+    return {"n": n, "metrics": means, "ci95": ci95}
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,

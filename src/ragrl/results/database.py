@@ -15,6 +15,10 @@ Tables::
     runs        (run_id, recipe, model, config_hash, git_commit, seeds JSON, stage, extra JSON)
     evals       (run_id, dataset, metric, value DOUBLE, n BIGINT, ci_low DOUBLE, ci_high DOUBLE)
                  -- run x dataset x metric; ci_*: 95% bootstrap interval (NULL if not given)
+    evals_by_type (run_id, dataset, question_type, metric, value, n, ci_low, ci_high) -- the same
+                 per question type, for QA sets whose rows have one (the world's 1hop / bridge /
+                 comparison: metrics.json "by_type"); a table spec names such a column
+                 "<dataset>:<type>"
     predictions (run_id, dataset, <the parquet columns: id, question, golden_answers, prediction,
                  turns, queries, generated_tokens, observation_tokens, latency_s, em, f1, ...>)
     train_log   (run_id, step BIGINT, reward_mean, reward_std, kl, entropy, masked_share,
@@ -93,6 +97,10 @@ CREATE TABLE runs (
 CREATE TABLE evals (
     run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, metric VARCHAR NOT NULL, value DOUBLE,
     n BIGINT NOT NULL, ci_low DOUBLE, ci_high DOUBLE, PRIMARY KEY (run_id, dataset, metric));
+CREATE TABLE evals_by_type (
+    run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, question_type VARCHAR NOT NULL, metric VARCHAR NOT NULL,
+    value DOUBLE, n BIGINT NOT NULL, ci_low DOUBLE, ci_high DOUBLE,
+    PRIMARY KEY (run_id, dataset, question_type, metric));
 CREATE TABLE jobs (
     rule VARCHAR NOT NULL, wildcards VARCHAR NOT NULL, wall_s DOUBLE, max_rss_mb DOUBLE,
     cpu_s DOUBLE, mean_load DOUBLE, gpu INTEGER NOT NULL, gpu_hours DOUBLE,
@@ -200,25 +208,28 @@ def _read_ci95(path: Path, obj: dict) -> dict[str, tuple[float | None, float | N
 
 
 def _read_eval(path: Path) -> tuple[str, str, int, dict[str, float | None]]:
-    obj = _read_json_object(path)
+    return _read_eval_object(path, _read_json_object(path))
+
+
+def _read_eval_object(path: Path, obj: dict, prefix: str = "") -> tuple[str, str, int, dict[str, float | None]]:
     for key in ("run_id", "dataset"):
         if not isinstance(obj.get(key), str) or not obj[key]:
             raise DataFormatError(path, f"missing or not a non-empty string: {obj.get(key)!r}",
-                                  field=key)
+                                  field=prefix + key)
     n = obj.get("n")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise DataFormatError(path, f"missing or not a non-negative integer: {n!r}", field="n")
+        raise DataFormatError(path, f"missing or not a non-negative integer: {n!r}", field=prefix + "n")
     metrics = obj.get("metrics")
     if not isinstance(metrics, dict) or not metrics:
         raise DataFormatError(path, "missing or not a non-empty object of name -> number",
-                              field="metrics")
+                              field=prefix + "metrics")
     values: dict[str, float | None] = {}
     for name, value in metrics.items():
         if not name:
-            raise DataFormatError(path, "empty metric name", field="metrics")
+            raise DataFormatError(path, "empty metric name", field=prefix + "metrics")
         if value is not None and not _is_number(value):
             raise DataFormatError(path, f"expected a number or null, got {value!r}",
-                                  field=f"metrics.{name}")
+                                  field=f"{prefix}metrics.{name}")
         values[name] = None if value is None else _finite_or_none(value)
     return obj["run_id"], obj["dataset"], n, values
 
@@ -389,6 +400,7 @@ def build_database(
 
     # --- evals
     eval_rows: list[tuple[str, str, str, float | None, int, float | None, float | None]] = []
+    type_rows: list[tuple[str, str, str, str, float | None, int, float | None, float | None]] = []
     eval_files: dict[tuple[str, str], Path] = {}
     for p in map(Path, evals):
         run_id, dataset, n, metrics = _read_eval(p)
@@ -397,8 +409,22 @@ def build_database(
             raise DataFormatError(p, f"run {run_id!r} x dataset {dataset!r} already evaluated "
                                      f"in {eval_files[run_id, dataset]}")
         eval_files[run_id, dataset] = p
-        ci = _read_ci95(p, _read_json_object(p))
+        obj = _read_json_object(p)
+        ci = _read_ci95(p, obj)
         eval_rows += [(run_id, dataset, m, v, n, *ci.get(m, (None, None))) for m, v in metrics.items()]
+        # Per question type (metrics.json "by_type"), so that a table or a query can put 1hop /
+        # bridge / comparison side by side.
+        by_type = obj.get("by_type") or {}
+        if not isinstance(by_type, dict):
+            raise DataFormatError(p, "expected an object of type -> {n, metrics, ci95}", field="by_type")
+        for kind, part in by_type.items():
+            if not kind or ":" in kind:
+                raise DataFormatError(p, f"question type {kind!r} must be non-empty, without ':'", field="by_type")
+            sub = {"run_id": run_id, "dataset": dataset, **(part if isinstance(part, dict) else {})}
+            _, _, sub_n, sub_metrics = _read_eval_object(p, sub, f"by_type.{kind}.")
+            sub_ci = _read_ci95(p, sub)
+            type_rows += [(run_id, dataset, kind, m, v, sub_n, *sub_ci.get(m, (None, None)))
+                          for m, v in sub_metrics.items()]
     if eval_rows and main_metric not in {r[2] for r in eval_rows}:
         raise ValueError(f"main metric {main_metric!r} appears in no metrics.json "
                          f"(metrics: {', '.join(sorted({r[2] for r in eval_rows}))})")
@@ -447,7 +473,7 @@ def build_database(
     try:
         con = duckdb.connect(str(tmp_db), config={"storage_compatibility_version": STORAGE_VERSION})
         try:
-            _write_all(con, run_rows, eval_rows, pred_map, pred_cols, train_records, extra_keys,
+            _write_all(con, run_rows, eval_rows, type_rows, pred_map, pred_cols, train_records, extra_keys,
                        bench, dict(rule_gpus), specs, main_metric)
             con.execute("CHECKPOINT")
         except duckdb.Error as exc:
@@ -463,7 +489,7 @@ def build_database(
     return db_path
 
 
-def _write_all(con, run_rows, eval_rows, pred_map, pred_cols, train_records, extra_keys,
+def _write_all(con, run_rows, eval_rows, type_rows, pred_map, pred_cols, train_records, extra_keys,
                bench, rule_gpus, specs, main_metric) -> None:
     con.execute(_SCHEMA)
     cols = ", ".join(("run_id", "recipe", "model", "config_hash", "git_commit", "seeds", "stage",
@@ -475,6 +501,8 @@ def _write_all(con, run_rows, eval_rows, pred_map, pred_cols, train_records, ext
               r["seeds"], r["stage"], r["extra"]] for r in run_rows])
     if eval_rows:
         con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
+    if type_rows:
+        con.executemany("INSERT INTO evals_by_type VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [list(r) for r in type_rows])
 
     # predictions: one read_parquet over all files; run/dataset joined on the file name.
     if pred_map:

@@ -124,12 +124,20 @@ def _values(rows: Iterable[tuple[int, str]]) -> str:
     return ", ".join(f"({i}, {sql_literal(v)})" for i, v in rows)
 
 
-def table_sql(spec: TableSpec, with_ci: bool = True) -> str:
+# What a table's cells come from: every evaluation, and its per-question-type breakdown as the
+# column "<dataset>:<type>" (databases built before evals_by_type existed have none).
+_CELLS = ("(SELECT run_id, dataset, metric, value, ci_low, ci_high FROM evals UNION ALL "
+          "SELECT run_id, dataset || ':' || question_type, metric, value, ci_low, ci_high FROM evals_by_type)")
+
+
+def table_sql(spec: TableSpec, with_ci: bool = True, with_types: bool = True) -> str:
     """The SELECT behind the `table_<name>` view (literals quoted with `sql_literal`).
 
-    `with_ci=False` for a database built before `evals` had the ci_low / ci_high columns."""
+    `with_ci=False` for a database built before `evals` had the ci_low / ci_high columns,
+    `with_types=False` for one built before `evals_by_type`."""
     metric = sql_literal(spec.metric)
     ci = "ci_low, ci_high" if with_ci else "NULL::DOUBLE AS ci_low, NULL::DOUBLE AS ci_high"
+    cells = _CELLS if with_types and with_ci else "evals"
     if spec.runs is None:
         sel_runs = (f"SELECT CAST(row_number() OVER (ORDER BY run_id) - 1 AS INTEGER) AS row_idx, "
                     f"run_id FROM (SELECT DISTINCT run_id FROM evals WHERE metric = {metric})")
@@ -150,7 +158,7 @@ def table_sql(spec: TableSpec, with_ci: bool = True) -> str:
     return f"""
 WITH sel_runs AS ({sel_runs}),
      sel_datasets AS ({sel_ds}),
-     m AS (SELECT run_id, dataset, value, {ci} FROM evals WHERE metric = {metric}),
+     m AS (SELECT run_id, dataset, value, {ci} FROM {cells} WHERE metric = {metric}),
      grid AS (
         SELECT sr.row_idx, CAST(r.{quote_ident(spec.label)} AS VARCHAR) AS label, sr.run_id,
                sd.col_idx, sd.dataset, m.value, m.ci_low, m.ci_high
@@ -184,9 +192,16 @@ def check_spec(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> None:
             raise ValueError(f"{where}: run(s) {', '.join(missing)} not in the database")
     if spec.datasets is not None:
         known = {r[0] for r in con.execute("SELECT DISTINCT dataset FROM evals").fetchall()}
+        if _has_table(con, "evals_by_type"):
+            known |= {r[0] for r in con.execute(
+                "SELECT DISTINCT dataset || ':' || question_type FROM evals_by_type").fetchall()}
         missing = [d for d in spec.datasets if d not in known]
         if missing:
             raise ValueError(f"{where}: dataset(s) {', '.join(missing)} not in the database")
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()[0])
 
 
 @dataclass
@@ -213,7 +228,7 @@ def load_table(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> TableData:
     check_spec(con, spec)
     with_ci = bool(con.execute("SELECT count(*) FROM information_schema.columns "
                                "WHERE table_name = 'evals' AND column_name = 'ci_low'").fetchone()[0])
-    rows = con.execute(table_sql(spec, with_ci)).fetchall()
+    rows = con.execute(table_sql(spec, with_ci, _has_table(con, "evals_by_type"))).fetchall()
     labels: dict[int, str] = {}
     run_ids: dict[int, str] = {}
     datasets: dict[int, str] = {}

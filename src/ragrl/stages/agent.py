@@ -18,10 +18,19 @@ from ragrl.serving import ServerSpec, resolve_endpoint
 
 def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: str | None = None,
                   passages: Path | None = None, gpu: bool = False, kg: Path | None = None, kg_mode: str = "whole",
-                  kg_url: str | None = None) -> dict[str, Any]:
-    """What the CLI flags name, by input kind: a passage retriever (`retriever`), a knowledge graph (`graph`)."""
+                  kg_url: str | None = None, oracle_qa: Path | None = None) -> dict[str, Any]:
+    """What the CLI flags name, by input kind: a passage retriever (`retriever`), a knowledge graph (`graph`).
+
+    `oracle_qa`: the retriever is replaced by oracle retrieval, each query answered with its
+    question's supporting passages from `passages` (the upper-bound row of a table)."""
     backends: dict[str, Any] = {}
-    if index is not None or bm25 is not None:
+    if oracle_qa is not None:
+        from ragrl.retrieval.oracle import OracleRetriever
+
+        if passages is None:
+            raise ValueError("oracle retrieval needs --passages (the corpus the supporting ids point into)")
+        backends["retriever"] = OracleRetriever(passages, oracle_qa)
+    elif index is not None or bm25 is not None:
         from ragrl.retrieval.searcher import load_searcher
 
         backends["retriever"] = load_searcher(index, bm25, mode, passages=passages, use_gpu=gpu)

@@ -32,6 +32,7 @@ import json
 import math
 import random
 import re
+import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -44,7 +45,7 @@ import torch
 from ragrl.agent.protocol import format_docs
 from ragrl.io import atomic_dir, write_json
 from ragrl.paths import SPLITS
-from ragrl.toy.relations import RELATIONS
+from ragrl.toy.relations import RELATION_BY_KEY, RELATIONS
 
 # The evaluation world is seeded by the user (13 by default); pretraining worlds use seeds far
 # from any seed a config is likely to name, although reserved names already keep them apart.
@@ -68,6 +69,20 @@ class PretrainArgs:
     mix_worlds: int = 20  # worlds whose examples are shuffled together (1: one world after another)
     tokenizer_worlds: int = 200  # worlds the tokenizer is trained on (a few examples from each)
     answer_only_loss: bool = False  # loss on the answer span only (else on every token)
+    # Answer tokens weigh this much more than the text around them: reading is the point, and an
+    # answer is a few tokens among hundreds of passage tokens.
+    answer_weight: float = 5.0
+    # The curriculum: this share of examples are fact lists (1..max_facts one-sentence facts in the
+    # world's templates, then a question on one of them). Short lists make the lookup easy, so the
+    # copy circuit forms in a few hundred steps; on passages alone it had not formed after 600
+    # (docs/READING.md). The rest are passage-reading examples of `reading_types` questions.
+    fact_share: float = 0.7
+    max_facts: int = 6
+    # Name lists to repeat verbatim ("List: A, B.\nRepeat: A, B."), added on top of the above at
+    # this share of the stream: pure copying forms induction heads in ~100 steps on this model,
+    # and a lookup needs them to copy the rest of a name once its first piece is found.
+    copy_share: float = 0.0
+    reading_types: tuple[str, ...] = ("1hop",)
     log_every: int = 10
     eval_every: int = 250  # reading probe every N steps (0: only at the end)
     eval_questions: int = 100
@@ -83,6 +98,17 @@ class PretrainArgs:
             raise ValueError(f"pretrain.mix_worlds={self.mix_worlds} must be >= 1")
         if self.distractors < 0 or self.eval_every < 0 or self.eval_questions < 0:
             raise ValueError("pretrain.distractors, eval_every and eval_questions must be >= 0")
+        if not 0 <= self.fact_share <= 1:
+            raise ValueError(f"pretrain.fact_share={self.fact_share} must be in [0, 1]")
+        if not 0 <= self.copy_share < 1:
+            raise ValueError(f"pretrain.copy_share={self.copy_share} must be in [0, 1)")
+        if self.max_facts < 1 or self.answer_weight <= 0:
+            raise ValueError("pretrain.max_facts must be >= 1 and pretrain.answer_weight > 0")
+        # JSON settings give a list; the dataclass is frozen and hashable, so keep a tuple.
+        object.__setattr__(self, "reading_types", tuple(self.reading_types))
+        unknown = set(self.reading_types) - {"1hop", "bridge", "comparison"}
+        if unknown or not self.reading_types:
+            raise ValueError(f"pretrain.reading_types={list(self.reading_types)}: choose from 1hop, bridge, comparison")
 
 
 # --------------------------------------------------------------------------- names to keep out
@@ -127,17 +153,70 @@ def reading_prompt(docs: Sequence[dict], question: str) -> str:
     return f"{format_docs(docs)}Question: {question}\nAnswer:"
 
 
-def reading_examples(world, rng: random.Random, distractors: int) -> list[tuple[str, str]]:
-    """(prompt, answer) for every question of `world` (all splits: its names are all fresh)."""
+def reading_examples(world, rng: random.Random, distractors: int,
+                     types: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """(prompt, answer) for every question of `world` (all splits: its names are all fresh), of
+    the question `types` given (all by default)."""
     by_id = {p["id"]: p for p in world.passages}
     out = []
     for split in SPLITS:
         for row in world.qa[split]:
+            if types is not None and json.loads(row["metadata"]).get("type", "") not in types:
+                continue
             support = [by_id[i] for i in row["supporting_ids"]]
             docs = support + rng.sample(world.passages, distractors)
             rng.shuffle(docs)
             out.append((reading_prompt(docs, row["question"]), " " + row["golden_answers"][0]))
     rng.shuffle(out)
+    return out
+
+
+def fact_examples(world, rng: random.Random, max_facts: int) -> list[tuple[str, str]]:
+    """As many fact-list examples as `world` has facts: 1..`max_facts` facts, each one sentence
+    in one of its relation's templates, then a question on one of them (never an ambiguous one)."""
+    name = {e.id: e.name for e in world.entities.values()}
+    facts = world.facts
+    out = []
+    for _ in range(len(facts)):
+        chosen = rng.sample(facts, min(len(facts), rng.randint(1, max_facts)))
+        asked = rng.choice(chosen)
+        if sum(f.head == asked.head and f.relation == asked.relation for f in chosen) > 1:
+            continue
+        sentences = [rng.choice(RELATION_BY_KEY[f.relation].sentences).format(h=name.get(f.head, f.head),
+                                                                              t=name.get(f.tail, f.tail))
+                     for f in chosen]
+        question = rng.choice(RELATION_BY_KEY[asked.relation].questions).format(h=name[asked.head])
+        out.append((f"{' '.join(sentences)}\nQuestion: {question}\nAnswer:", " " + name.get(asked.tail, asked.tail)))
+    return out
+
+
+def world_examples(world, rng: random.Random, args: "PretrainArgs") -> list[tuple[str, str]]:
+    """One world's share of the curriculum: its fact lists and passage readings, `fact_share` of
+    the result being fact lists (as far as the world has examples of each)."""
+    facts = fact_examples(world, rng, args.max_facts) if args.fact_share > 0 else []
+    reading = reading_examples(world, rng, args.distractors, args.reading_types) if args.fact_share < 1 else []
+    if facts and reading:
+        want_reading = round(len(facts) * (1 - args.fact_share) / args.fact_share)
+        if want_reading <= len(reading):
+            reading = reading[:want_reading]
+        else:
+            facts = facts[: round(len(reading) * args.fact_share / (1 - args.fact_share))]
+    examples = facts + reading
+    if args.copy_share > 0:
+        examples += copy_examples(rng, round(len(examples) * args.copy_share / (1 - args.copy_share)))
+    return examples
+
+
+def copy_examples(rng: random.Random, n: int, max_items: int = 5) -> list[tuple[str, str]]:
+    """`n` lists of 1..`max_items` fresh names of mixed types, to be repeated verbatim."""
+    from ragrl.toy.names import NameFactory
+
+    names = NameFactory(rng)
+    makers = (names.person, names.city, names.country, names.company, names.film)
+    out = []
+    for _ in range(n):
+        items = ", ".join(rng.choice(makers)() for _ in range(rng.randint(1, max_items)))
+        out.append((f"List: {items}.\nRepeat:", f" {items}."))
     return out
 
 
@@ -152,7 +231,7 @@ def corpus_worlds(seed: int, people: int, reserved: Sequence[str]) -> Iterator:
 
 
 def corpus_examples(seed: int, people: int, distractors: int, reserved: Sequence[str],
-                    mix_worlds: int = 1) -> Iterator[tuple[str, str]]:
+                    mix_worlds: int = 1, args: "PretrainArgs | None" = None) -> Iterator[tuple[str, str]]:
     """The example stream: (prompt, answer) pairs from successive fresh worlds, the examples of
     `mix_worlds` worlds at a time shuffled together (a world's names then recur far apart, so
     remembering them from one example to the next pays less than reading them).
@@ -164,7 +243,9 @@ def corpus_examples(seed: int, people: int, distractors: int, reserved: Sequence
     name_filter = NameFilter(reserved)
     worlds = corpus_worlds(seed, people, reserved)
     while True:
-        pool = [ex for _ in range(mix_worlds) for ex in reading_examples(next(worlds), rng, distractors)]
+        pool = [ex for _ in range(mix_worlds)
+                for ex in (world_examples(next(worlds), rng, args) if args is not None
+                           else reading_examples(next(worlds), rng, distractors))]
         rng.shuffle(pool)
         for prompt, answer in pool:
             if name_filter.find(prompt + answer) is None:
@@ -195,62 +276,84 @@ class PackedBatches:
 
     Examples are joined by end-of-text; the rest of a row is padding (label -100). An example is
     never split across rows (its answer would be cut off from the passages it is read from);
-    one longer than `seq_len` is skipped. With `answer_only`, labels are -100 outside the answers.
+    one longer than `seq_len` is skipped. Each batch is (ids, labels, weights): labels are -100
+    on padding (and outside the answers with `answer_only`), weights are `answer_weight` on
+    answer tokens, 1 on other labelled tokens and 0 elsewhere.
     """
 
     def __init__(self, examples: Iterator[tuple[str, str]], tokenizer, batch_size: int, seq_len: int,
-                 answer_only: bool = False) -> None:
+                 answer_only: bool = False, answer_weight: float = 1.0) -> None:
         self.examples, self.tok = examples, tokenizer
         self.batch_size, self.seq_len, self.answer_only = batch_size, seq_len, answer_only
+        self.answer_weight = answer_weight
         self.sep = tokenizer.convert_tokens_to_ids(tokenizer.pad_token)
-        self._next: tuple[list[int], list[int]] | None = None
+        self._next: tuple[list[int], list[int], list[float]] | None = None
         self.examples_used = 0
         self.skipped = 0
 
-    def _example(self) -> tuple[list[int], list[int]]:
+    def _example(self) -> tuple[list[int], list[int], list[float]]:
         for _ in range(1000):
             prompt, answer = next(self.examples)
             p = self.tok.encode(prompt, add_special_tokens=False)
             a = self.tok.encode(answer, add_special_tokens=False) + [self.sep]
             if len(p) + len(a) <= self.seq_len:
-                return p + a, ([-100] * len(p) if self.answer_only else p) + a
+                prompt_labels = [-100] * len(p) if self.answer_only else p
+                prompt_weights = [0.0 if self.answer_only else 1.0] * len(p)
+                return p + a, prompt_labels + a, prompt_weights + [self.answer_weight] * len(a)
             self.skipped += 1
         raise ValueError(f"pretrain.seq_len={self.seq_len}: 1000 examples in a row are longer; raise it (512 fits most)")
 
-    def _row(self) -> tuple[list[int], list[int]]:
+    def _row(self) -> tuple[list[int], list[int], list[float]]:
         ids: list[int] = []
         labels: list[int] = []
+        weights: list[float] = []
         while True:
             if self._next is None:
                 self._next = self._example()
-            e_ids, e_lab = self._next
+            e_ids, e_lab, e_w = self._next
             if ids and len(ids) + len(e_ids) > self.seq_len:
                 break
             ids += e_ids
             labels += e_lab
+            weights += e_w
             self._next = None
             self.examples_used += 1
         pad = self.seq_len - len(ids)
-        return ids + [self.sep] * pad, labels + [-100] * pad
+        return ids + [self.sep] * pad, labels + [-100] * pad, weights + [0.0] * pad
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = [self._row() for _ in range(self.batch_size)]
-        return torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+        return (torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]),
+                torch.tensor([r[2] for r in rows]))
 
     def __iter__(self):
         return self
 
 
+def weighted_lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, each target token weighted (weights aligned with `labels`)."""
+    logits, labels, weights = logits[:, :-1], labels[:, 1:], weights[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                           labels.reshape(-1), ignore_index=-100, reduction="none")
+    weights = weights.reshape(-1) * (labels.reshape(-1) != -100)
+    return (ce * weights).sum() / weights.sum().clamp_min(1e-9)
+
+
 # --------------------------------------------------------------------------- the reading probe
 
 
-def probe_rows(world_dir: str | Path, split: str, n: int, distractors: int = 1, seed: int = 0) -> list[dict]:
-    """`n` questions of a written world's `split`, each with its prompt (supporting passages +
-    `distractors` other passages, shuffled) and gold answers. Deterministic for a seed."""
+def probe_rows(world_dir: str | Path, split: str, n: int, distractors: int = 1, seed: int = 0,
+               types: Sequence[str] | None = None) -> list[dict]:
+    """The first `n` questions (of `types`, default all) of a written world's `split`, each with its
+    prompt (supporting passages + `distractors` other passages, shuffled) and gold answers.
+    Deterministic for a seed."""
     world_dir = Path(world_dir)
     passages = pq.read_table(world_dir / "passages.parquet").to_pylist()
     by_id = {p["id"]: p for p in passages}
-    rows = pq.read_table(world_dir / f"qa/{split}.parquet").to_pylist()[:n]
+    rows = pq.read_table(world_dir / f"qa/{split}.parquet").to_pylist()
+    if types is not None:
+        rows = [r for r in rows if json.loads(r["metadata"]).get("type", "") in types]
+    rows = rows[:n]
     rng = random.Random(seed)
     out = []
     for row in rows:
@@ -303,12 +406,37 @@ def lr_at(step: int, args: PretrainArgs) -> float:
     return floor + (args.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+# Bump when a change to this module changes what a given spec and settings train into: the key of
+# a shipped pretrained model (`cache_key`) includes it, so an old artifact is not reused by mistake.
+PRETRAIN_VERSION = 2
+# Settings that change logging and probing only, not the weights: left out of the cache key.
+_KEY_EXCLUDED = ("threads", "log_every", "eval_every", "eval_questions")
+# A cached model counts only when these are there (a partly copied directory is not one).
+CACHE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "pretrain_log.jsonl", "pretrain_args.json")
+
+
+def cache_key(spec, args: PretrainArgs, reserved: Sequence[str]) -> str:
+    """What a pretrained model is a function of: the model spec, the settings that shape training,
+    the names kept out of its corpus (they change the corpus) and this module's version."""
+    import hashlib
+
+    from ragrl.io import canonical_json
+
+    settings = {k: v for k, v in asdict(args).items() if k not in _KEY_EXCLUDED}
+    blob = canonical_json({"spec": asdict(spec), "settings": settings, "version": PRETRAIN_VERSION,
+                           "reserved": hashlib.sha256("\n".join(sorted(reserved)).encode()).hexdigest()})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def pretrain(world_dir: str | Path, out_dir: str | Path, spec=None, args: PretrainArgs = PretrainArgs(),
-             probe_split: str = "dev") -> Path:
+             probe_split: str = "dev", cache_dir: str | Path | None = None, write_cache: bool = False) -> Path:
     """Build the tokenizer and the tiny model, pretrain it, write it to `out_dir` (HF format).
 
     `world_dir`: the evaluation world; its names are kept out of the corpus, and `probe_split`
     of its questions is the reading probe (dev by default: test stays untouched until evaluation).
+    `cache_dir`: pretrained models by `cache_key` (the repository ships the default's under
+    resources/pretrained/): a model whose key matches is copied instead of retrained, and with
+    `write_cache` a newly trained one is added there.
     """
     from ragrl.toy.tiny_model import TinyModelSpec, _save, build_model, train_tokenizer
 
@@ -316,21 +444,35 @@ def pretrain(world_dir: str | Path, out_dir: str | Path, spec=None, args: Pretra
     if args.threads:
         torch.set_num_threads(args.threads)
     reserved = world_names(world_dir)
+    out_dir = Path(out_dir)
+    key = cache_key(spec, args, reserved)
+    cached = Path(cache_dir) / key if cache_dir else None
+    if cached is not None and all((cached / f).is_file() for f in CACHE_FILES):
+        with atomic_dir(out_dir) as tmp:
+            shutil.copytree(cached, tmp, dirs_exist_ok=True)
+        _log(f"reused the pretrained model {cached} (cache key {key}: same spec, settings, kept-out names and "
+             f"pretrain version {PRETRAIN_VERSION}); delete that directory to pretrain again")
+        return out_dir
+    if cached is not None:
+        _log(f"no pretrained model under {cached} (cache key {key}); pretraining")
     t0 = time.monotonic()
     tokenizer = train_tokenizer(tokenizer_texts(args, reserved), spec.vocab_size)
     tokenizer.model_max_length = spec.max_position_embeddings
     model = build_model(tokenizer, spec)
     _log(f"tokenizer ({len(tokenizer)} tokens) and model ({sum(p.numel() for p in model.parameters()):,} "
          f"parameters) built in {time.monotonic() - t0:.1f}s; {len(reserved)} evaluation-world names kept out")
-    probe = probe_rows(world_dir, probe_split, args.eval_questions) if args.eval_questions else []
+    probe = probe_rows(world_dir, probe_split, args.eval_questions, types=args.reading_types) if args.eval_questions else []
     history = train_loop(model, tokenizer, corpus_examples(args.seed, args.world_people, args.distractors, reserved,
-                                                           args.mix_worlds), args, probe)
-    out_dir = Path(out_dir)
+                                                           args.mix_worlds, args), args, probe)
     with atomic_dir(out_dir) as tmp:
         _save(tokenizer, model.eval(), spec, tmp)
         (tmp / "pretrain_log.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history))
-        write_json({"args": asdict(args), "probe_split": probe_split, "reserved_names": len(reserved)},
-                   tmp / "pretrain_args.json")
+        write_json({"args": asdict(args), "probe_split": probe_split, "reserved_names": len(reserved),
+                    "cache_key": key, "pretrain_version": PRETRAIN_VERSION}, tmp / "pretrain_args.json")
+    if cached is not None and write_cache:
+        with atomic_dir(cached) as tmp:
+            shutil.copytree(out_dir, tmp, dirs_exist_ok=True)
+        _log(f"stored in the cache as {cached}")
     return out_dir
 
 
@@ -342,7 +484,8 @@ def train_loop(model, tokenizer, examples: Iterator[tuple[str, str]], args: Pret
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
-    batches = PackedBatches(examples, tokenizer, args.batch_size, args.seq_len, args.answer_only_loss)
+    batches = PackedBatches(examples, tokenizer, args.batch_size, args.seq_len, args.answer_only_loss,
+                            args.answer_weight)
     model.train()
     history: list[dict] = []
     start, window = time.monotonic(), []
@@ -350,8 +493,8 @@ def train_loop(model, tokenizer, examples: Iterator[tuple[str, str]], args: Pret
         lr = lr_at(step, args)
         for group in opt.param_groups:
             group["lr"] = lr
-        ids, labels = next(batches)
-        loss = model(input_ids=ids, labels=labels).loss
+        ids, labels, weights = next(batches)
+        loss = weighted_lm_loss(model(input_ids=ids).logits, labels, weights)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         opt.step()

@@ -1,0 +1,49 @@
+"""Oracle retrieval: the upper bound of a search agent's table row.
+
+Every query of a question gets that question's supporting passages (the QA contract's
+`supporting_ids`), so the row shows what a policy does with perfect evidence; the gap to its
+real-retriever row is what retrieval costs it. The passages are ranked by word overlap with the
+query, title words counting double (the hop a query asks about comes first), then cut to top-k like any retriever's hits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from ragrl.io import read_columns
+from ragrl.retrieval import Hit
+
+_WORD = re.compile(r"\w+")
+
+
+class OracleRetriever:
+    """`search_for(queries, topk, sample_ids)`: the supporting passages of each query's question."""
+
+    def __init__(self, passages: str | Path, qa: str | Path) -> None:
+        rows = read_columns(qa, ["id", "supporting_ids"]).to_pylist()
+        self.supporting = {str(r["id"]): [str(i) for i in (r["supporting_ids"] or [])] for r in rows}
+        wanted = {i for ids in self.supporting.values() for i in ids}
+        table = read_columns(passages, ["id", "title", "text"]).to_pylist()
+        self.passages = {str(p["id"]): p for p in table if str(p["id"]) in wanted}
+        missing = sorted(wanted - set(self.passages))
+        if missing:
+            raise ValueError(f"{qa}: supporting passage id(s) {', '.join(missing[:5])} not in {passages}")
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
+        raise ValueError("oracle retrieval answers a query from its question's supporting passages, so it "
+                         "needs the question of each query (search_for with sample ids)")
+
+    def search_for(self, queries: Sequence[str], topk: int, sample_ids: Sequence[str | None]) -> list[list[Hit]]:
+        return [self._hits(q, sid, topk) for q, sid in zip(queries, sample_ids, strict=True)]
+
+    def _hits(self, query: str, sample_id: str | None, topk: int) -> list[Hit]:
+        ids = self.supporting.get(str(sample_id), []) if sample_id is not None else []
+        words = set(_WORD.findall(query.lower()))
+        # Title words count twice: a query names the entity whose page it wants.
+        scored = [(2 * len(words & set(_WORD.findall(p["title"].lower())))
+                   + len(words & set(_WORD.findall(p["text"].lower()))), -k, p)
+                  for k, p in enumerate(self.passages[i] for i in ids)]
+        scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
+        return [Hit(str(p["id"]), str(p["title"]), str(p["text"]), float(score)) for score, _, p in scored[:topk]]
