@@ -22,6 +22,8 @@ from ragrl.train.retriever_grpo import (
 )
 from ragrl.train.retriever_policy import RetrievalStep, retrieve
 
+from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
+
 
 def _step(logp: float = -1.0) -> RetrievalStep:
     return RetrievalStep("s", [0, 1, 2], [0, 1], logp)
