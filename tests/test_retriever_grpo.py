@@ -22,7 +22,7 @@ from ragrl.train.retriever_grpo import (
 )
 from ragrl.train.retriever_policy import RetrievalStep, retrieve
 
-from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
+from harr_helpers import ToyPolicy, one_thread  # noqa: F401  (one_thread: autouse)
 
 
 def _step(logp: float = -1.0) -> RetrievalStep:
@@ -67,22 +67,6 @@ def test_clipped_loss_by_hand():
     t1 = math.exp(0.5) * 0.7
     assert float(loss) == pytest.approx((t0 + t1) / 2, rel=1e-6)
     assert float(stats["clip_frac"]) == pytest.approx(1 / 3)
-
-
-class ToyPolicy(torch.nn.Module):
-    """One learnable query vector per state: the update machinery without a transformer."""
-
-    def __init__(self, states: list[str], dim: int, seed: int) -> None:
-        super().__init__()
-        self.ids = {s: i for i, s in enumerate(states)}
-        self.table = torch.nn.Parameter(torch.randn(len(states), dim, generator=torch.Generator().manual_seed(seed)))
-
-    def forward(self, texts):
-        return torch.nn.functional.normalize(self.table[[self.ids[t] for t in texts]], dim=-1)
-
-    @torch.no_grad()
-    def encode(self, texts):
-        return self.forward(texts)
 
 
 def test_grpo_over_retrieval_steps_learns_to_retrieve_the_rewarded_document():
