@@ -1,0 +1,101 @@
+"""HARR's environment: a frozen generator's search agent whose every `<search>` goes through the
+retriever policy, with the history-aware state and a recorded Plackett–Luce draw per search.
+
+The generator and its protocol are the Search-R1 agent this workflow already runs
+(`ragrl.agent.rollout.RolloutEngine` with any generation backend); only the retriever behind
+`<search>` changes. Each trajectory gets its own sample id ("{question id}#{g}"), so that the
+environment can keep the per-trajectory history the state string needs, and the G rollouts of a
+question stay apart.
+
+History entries follow the authors' Search-R1 loop ({"sub_query", "answer"}), but "answer" is
+null: their "answer" is the agent's <think> text before the search, which this workflow's
+environment interface does not see (it receives parsed actions). The sub-queries of the completed
+hops are what the state then carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ragrl.agent.environments import SearchEnvironment
+from ragrl.agent.protocol import Action
+from ragrl.retrieval.query_state import INSTRUCT_TEMPLATE, Hop, default_instruction, encoder_input, retrieval_state
+from ragrl.train.retriever_grpo import Trajectory
+from ragrl.train.retriever_policy import RetrievalStep, retrieve
+
+
+class HistoryAwareSearchEnvironment(SearchEnvironment):
+    """Search-R1's `<search>` environment over a retriever policy (HARR)."""
+
+    def __init__(self, policy: Any, index: Any, passages: Any, *, topk: int = 3, pool_size: int = 30,
+                 alpha: float = 0.05, use_history: bool = True, instruction: str | None = None,
+                 template: str = INSTRUCT_TEMPLATE, stochastic: bool = True, seed: int = 0) -> None:
+        super().__init__(retriever=self, topk=topk)  # self.search is never called: _search is overridden
+        if pool_size < topk:
+            raise ValueError(f"pool_size={pool_size} must be >= topk={topk}: the draw takes topk from the pool")
+        self.policy, self.index, self.passages = policy, index, passages
+        self.pool_size, self.alpha, self.use_history = pool_size, alpha, use_history
+        self.instruction = default_instruction(use_history) if instruction is None else instruction
+        self.template, self.stochastic = template, stochastic
+        self.generator = torch.Generator().manual_seed(seed)
+        self.questions: dict[str, str] = {}
+        self.history: dict[str, list[Hop]] = {}
+        self.steps: dict[str, list[RetrievalStep]] = {}
+        self._query_sample_ids: list[str] = []
+
+    def begin(self, questions: Mapping[str, str]) -> None:
+        """Start a batch: the original question of each sample id; histories start empty."""
+        self.questions = dict(questions)
+        self.history = {sid: [] for sid in questions}
+        self.steps = {sid: [] for sid in questions}
+
+    def search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        raise TypeError("the history-aware environment needs each query's trajectory; use respond()")
+
+    def respond(self, actions: Sequence[Action], reserved=(), sample_ids: Sequence[str | None] | None = None):
+        if sample_ids is None or len(sample_ids) != len(actions):
+            raise ValueError("the history-aware environment needs one sample id per action")
+        unknown = sorted({str(s) for a, s in zip(actions, sample_ids) if a.kind == "search" and s not in self.questions})
+        if unknown:
+            raise ValueError(f"sample ids {unknown[:5]} were not started with begin()")
+        self._query_sample_ids = [str(s) for a, s in zip(actions, sample_ids) if a.kind == "search" for _ in a.queries]
+        return super().respond(actions, reserved, sample_ids)
+
+    def _search(self, queries: list[str]) -> list[list[dict]]:
+        sids = self._query_sample_ids
+        states = [encoder_input(retrieval_state(self.questions[sid], self.history[sid], q, use_history=self.use_history),
+                                self.instruction, self.template) for sid, q in zip(sids, queries)]
+        steps = retrieve(self.policy, self.index, states, pool_size=self.pool_size, k=self.topk, alpha=self.alpha,
+                         stochastic=self.stochastic, generator=self.generator)
+        out = []
+        for sid, query, step in zip(sids, queries, steps):
+            self.steps[sid].append(step)
+            self.history[sid].append(Hop(query, None))
+            rows = self.passages.rows(step.doc_ids)
+            out.append([{"id": pid, "title": title, "text": text, "score": step.scores[j]}
+                        for (pid, title, text), j in zip(rows, step.order)])
+        return out
+
+
+def sample_id(question_id: str, g: int) -> str:
+    return f"{question_id}#{g}"
+
+
+def rollout_groups(engine: Any, env: HistoryAwareSearchEnvironment, rows: Sequence[Mapping[str, Any]],
+                   group_size: int, seed: int | None = None) -> list[Trajectory]:
+    """G rollouts of each QA row (id, question, golden_answers) scored by answer F1 (max over golds)."""
+    from ragrl.rewards.qa import f1
+
+    sids = [sample_id(str(r["id"]), g) for r in rows for g in range(group_size)]
+    env.begin({sid: str(r["question"]) for sid, r in zip(sids, (r for r in rows for _ in range(group_size)))})
+    prompts = [engine.prompt_ids(str(r["question"])) for r in rows for _ in range(group_size)]
+    runs = engine.run(prompts, n=1, seed=seed, sample_ids=sids)
+    out = []
+    for i, (sid, run) in enumerate(zip(sids, runs)):
+        row = rows[i // group_size]
+        out.append(Trajectory(str(row["id"]), i // group_size, f1(run.answer, list(row["golden_answers"])),
+                              env.steps[sid], run.answer or ""))
+    return out

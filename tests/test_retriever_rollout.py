@@ -1,0 +1,131 @@
+"""HARR's environment: every <search> goes through the retriever policy with the history-aware state."""
+
+from __future__ import annotations
+
+import hashlib
+from types import SimpleNamespace
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from ragrl.agent.protocol import Action
+from ragrl.retrieval.query_state import (
+    RETRIEVAL_INSTRUCTION,
+    STATEFUL_RETRIEVAL_INSTRUCTION,
+    Hop,
+    history_state,
+)
+from ragrl.retrieval.searcher import PassageStore
+from ragrl.train.retriever_grpo import update
+from ragrl.train.retriever_policy import recompute_log_probs
+from ragrl.train.retriever_rollout import HistoryAwareSearchEnvironment, rollout_groups
+
+from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
+
+DIM = 16
+
+
+class HashedBagPolicy(torch.nn.Module):
+    """Words hashed to fixed random vectors, summed, then one learnable linear map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(DIM, DIM)
+
+    @staticmethod
+    def _bag(text: str) -> torch.Tensor:
+        vecs = [torch.randn(DIM, generator=torch.Generator().manual_seed(
+            int(hashlib.sha1(w.encode()).hexdigest()[:8], 16))) for w in text.split()]
+        return torch.stack(vecs).sum(0) if vecs else torch.zeros(DIM)
+
+    def forward(self, texts):
+        return torch.nn.functional.normalize(self.proj(torch.stack([self._bag(t) for t in texts])), dim=-1)
+
+    @torch.no_grad()
+    def encode(self, texts):
+        return self.forward(texts)
+
+
+@pytest.fixture()
+def world():
+    rng = np.random.default_rng(0)
+    docs = rng.normal(size=(20, DIM)).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    index = faiss.IndexFlatIP(DIM)
+    index.add(docs)
+    store = PassageStore(pa.table({"id": [f"p{i}" for i in range(20)], "title": [f"T{i}" for i in range(20)],
+                                   "text": [f"text {i}" for i in range(20)]}))
+    torch.manual_seed(0)
+    return HashedBagPolicy(), index, store
+
+
+def test_each_search_is_a_recorded_draw_with_the_history_aware_state(world):
+    policy, index, store = world
+    env = HistoryAwareSearchEnvironment(policy, index, store, topk=3, pool_size=8, alpha=0.05, seed=1)
+    env.begin({"q1#0": "Who founded Velmora?", "q2#0": "Where is Ostrel?", "q1#1": "Who founded Velmora?"})
+    infos = env.respond([Action("search", ("Velmora founder",)), Action("answer", answer="x"),
+                         Action("search", ("founder of Velmora",))], sample_ids=["q1#0", "q2#0", "q1#1"])
+    assert infos[1] is None and env.steps["q2#0"] == []
+    first = env.steps["q1#0"][0]
+    assert first.state == ("Instruct: " + STATEFUL_RETRIEVAL_INSTRUCTION + "\n"
+                           + history_state("Who founded Velmora?", [], "Velmora founder"))
+    assert len(first.pool_ids) == 8 and len(first.order) == 3
+    titles = [f"T{r}" for r in first.doc_ids]
+    assert infos[0] == "".join(f"Doc {i}(Title: {t}) text {t[1:]}\n" for i, t in enumerate(titles, 1))
+    # The second hop of the same trajectory carries the first in its history; the other rollout's does not.
+    env.respond([Action("search", ("Velmora founder birthplace",))], sample_ids=["q1#0"])
+    second = env.steps["q1#0"][1]
+    assert second.state.endswith(history_state("Who founded Velmora?", [Hop("Velmora founder", None)],
+                                               "Velmora founder birthplace"))
+    # Old log-probs are what the update recomputes.
+    steps = env.steps["q1#0"] + env.steps["q1#1"]
+    torch.testing.assert_close(recompute_log_probs(policy, index, steps, 0.05).detach(),
+                               torch.tensor([s.old_log_prob for s in steps]), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="not started"):
+        env.respond([Action("search", ("x",))], sample_ids=["q9#0"])
+
+
+def test_no_history_ablation_and_deterministic_evaluation(world):
+    policy, index, store = world
+    env = HistoryAwareSearchEnvironment(policy, index, store, topk=2, pool_size=5, use_history=False,
+                                        stochastic=False)
+    env.begin({"a#0": "Q?"})
+    env.respond([Action("search", ("first",))], sample_ids=["a#0"])
+    env.respond([Action("search", ("second",))], sample_ids=["a#0"])
+    step = env.steps["a#0"][1]
+    assert step.state == f"Instruct: {RETRIEVAL_INSTRUCTION}\nQuery: second"
+    assert step.order == [0, 1]  # top-k, in the index's ranking
+
+
+class ScriptedEngine:
+    """Stands in for the rollout engine: one search per trajectory, then answers Paris on even g."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def prompt_ids(self, question):
+        return [len(question)]
+
+    def run(self, prompts, n=1, seed=None, sample_ids=None):
+        assert n == 1 and len(prompts) == len(sample_ids)
+        self.env.respond([Action("search", (f"about {sid.split('#')[0]}",)) for sid in sample_ids],
+                         sample_ids=sample_ids)
+        return [SimpleNamespace(answer="Paris" if int(sid.split("#")[1]) % 2 == 0 else "London")
+                for sid in sample_ids]
+
+
+def test_rollout_groups_score_f1_and_feed_the_update(world):
+    policy, index, store = world
+    env = HistoryAwareSearchEnvironment(policy, index, store, topk=3, pool_size=8, seed=2)
+    rows = [{"id": "q1", "question": "Capital of France?", "golden_answers": ["Paris", "paris city"]},
+            {"id": "q2", "question": "Capital of England?", "golden_answers": ["London"]}]
+    trajs = rollout_groups(ScriptedEngine(env), env, rows, group_size=4, seed=0)
+    assert [(t.question_id, t.group, t.reward) for t in trajs] == [
+        ("q1", 0, 1.0), ("q1", 0, 0.0), ("q1", 0, 1.0), ("q1", 0, 0.0),
+        ("q2", 1, 0.0), ("q2", 1, 1.0), ("q2", 1, 0.0), ("q2", 1, 1.0)]
+    assert all(len(t.steps) == 1 for t in trajs)
+    stats = update(policy, index, torch.optim.SGD(policy.parameters(), lr=0.1), trajs, alpha=0.05)
+    assert stats["updated"] == 1.0 and stats["logprob_mismatch"] < 1e-6 and stats["steps"] == 8.0

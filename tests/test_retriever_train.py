@@ -1,0 +1,86 @@
+"""HARR's training loop: a run killed mid-way and re-run ends exactly where an uninterrupted run does."""
+
+from __future__ import annotations
+
+import json
+
+import faiss
+import numpy as np
+import pytest
+import torch
+
+from ragrl.train.retriever_grpo import Trajectory
+from ragrl.train.retriever_policy import retrieve
+from ragrl.train.retriever_train import RetrieverTrainConfig, step_questions, train_retriever
+
+from harr_helpers import ToyPolicy, one_thread  # noqa: F401  (one_thread: autouse)
+
+STATES = [f"Query: q{i}" for i in range(5)]
+ROWS = [{"id": f"q{i}", "state": s, "target": 3 * i} for i, s in enumerate(STATES)]
+CFG = RetrieverTrainConfig(steps=6, questions_per_step=2, group_size=4, lr=0.05, alpha=0.3, checkpoint_every=2,
+                           seed=7)
+
+
+class Killed(RuntimeError):
+    pass
+
+
+def _index():
+    docs = np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    index = faiss.IndexFlatIP(8)
+    index.add(docs)
+    return index
+
+
+def _rollout(policy, index, kill_at: int | None = None):
+    def rollout(batch, step):
+        if step == kill_at:
+            raise Killed(f"preempted at step {step}")
+        gen = torch.Generator().manual_seed(1000 + step)  # the sampler is a function of the step
+        trajs = []
+        for group, row in enumerate(batch):
+            for s in retrieve(policy, index, [row["state"]] * CFG.group_size, pool_size=16, k=3, alpha=CFG.alpha,
+                              generator=gen):
+                trajs.append(Trajectory(row["id"], group, float(row["target"] in s.doc_ids), [s]))
+        return trajs
+    return rollout
+
+
+def test_step_questions_cover_every_row_each_epoch():
+    seen = [i for step in range(1, 6) for i in step_questions(5, step, 2, seed=3)]  # two epochs
+    assert sorted(seen[:5]) == list(range(5)) and sorted(seen[5:10]) == list(range(5))
+    assert step_questions(5, 2, 2, 3) == step_questions(5, 2, 2, 3)
+    with pytest.raises(ValueError, match="no questions"):
+        step_questions(0, 1, 2, 3)
+
+
+def test_resume_after_a_kill_matches_the_uninterrupted_run(tmp_path):
+    index = _index()
+    straight = ToyPolicy(STATES, 8, seed=1)
+    final = train_retriever(straight, index, ROWS, _rollout(straight, index), tmp_path / "a", CFG)
+    assert json.loads((final / "state.json").read_text())["finished"] is True
+
+    killed = ToyPolicy(STATES, 8, seed=1)
+    with pytest.raises(Killed):
+        train_retriever(killed, index, ROWS, _rollout(killed, index, kill_at=5), tmp_path / "b", CFG)
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    assert not (tmp_path / "b" / "final").exists()
+    resumed = ToyPolicy(STATES, 8, seed=99)  # a fresh process: the weights come from the checkpoint
+    train_retriever(resumed, index, ROWS, _rollout(resumed, index), tmp_path / "b", CFG)
+
+    assert torch.equal(resumed.table, straight.table)
+    log_a = (tmp_path / "a" / "train_log.jsonl").read_text()
+    assert (tmp_path / "b" / "train_log.jsonl").read_text() == log_a
+    assert [json.loads(line)["step"] for line in log_a.splitlines()] == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["step-4", "step-6"]
+    # Finished: a re-run does nothing.
+    assert train_retriever(resumed, index, ROWS, _rollout(resumed, index, kill_at=1), tmp_path / "b", CFG) == \
+        tmp_path / "b" / "final"
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        RetrieverTrainConfig(group_size=1)
+    with pytest.raises(ValueError, match="steps=0"):
+        RetrieverTrainConfig(steps=0)
