@@ -17,7 +17,7 @@ VLLM_STAMP := $(VLLM_VENV)/.ragrl-vllm-installed
 VERL_VENV  ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.ragrl-verl-installed
 
-.PHONY: run test lint venv vllm-venv verl-venv clean
+.PHONY: run test lint venv venvs vllm-venv verl-venv clean
 
 venv: $(STAMP)
 
@@ -32,7 +32,7 @@ $(VLLM_STAMP): requirements-vllm.txt scripts/vllm_venv.sh
 
 # verl 0.9 (CPU build) in its own venv for the verl RL backend and tests/test_verl_backend.py: it pins
 # transformers < 5.11 (.venv has 5.23). About 4 min and 1.9 GB, once per machine.
-$(VERL_STAMP): requirements-verl.txt scripts/verl_venv.sh pyproject.toml
+$(VERL_STAMP): requirements-verl.txt scripts/verl_venv.sh pyproject.toml | $(STAMP)
 	VERL_VENV=$(VERL_VENV) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
 
 # torch first and pinned: installed afterwards, anything depending on torch would pull the
@@ -58,8 +58,19 @@ run: $(STAMP)
 	@echo "tiny policy:  $(CURDIR)/results/models/tiny"
 	@echo "logs:         $(CURDIR)/logs   timings: $(CURDIR)/benchmarks"
 
-test: $(STAMP) $(VLLM_STAMP) $(VERL_STAMP)
-	RAGRL_VLLM_VENV=$(abspath $(VLLM_VENV)) RAGRL_VERL_VENV=$(abspath $(VERL_VENV)) $(BIN)/python -m pytest -q --durations=25
+# The three venvs build side by side (pip is mostly waiting on unpacking and the disk); .venv-verl
+# waits for .venv only because both `pip install -e .` write src/ragrl.egg-info.
+venvs:
+	$(MAKE) --no-print-directory -j3 --output-sync=target $(STAMP) $(VLLM_STAMP) $(VERL_STAMP)
+
+# TEST_WORKERS pytest-xdist workers (tests/conftest.py keeps each file on one worker, so its
+# module fixtures - a vLLM server, a SLURM cluster - start once, and runs the Snakemake
+# end-to-end tests first); TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= $(CORES)
+
+test: venvs
+	RAGRL_VLLM_VENV=$(abspath $(VLLM_VENV)) RAGRL_VERL_VENV=$(abspath $(VERL_VENV)) $(BIN)/python -m pytest -q --durations=25 \
+		-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 lint: $(STAMP)
 	snakemake --lint

@@ -50,6 +50,10 @@ def _tiny_config() -> dict:
         "kg_r1": {**recipes["kg_r1"], **{k: {**recipes["kg_r1"][k], **v} for k, v in kg_small.items()}},
     }
     cfg["evaluation"].update(max_questions=4, batch_size=4)
+    # Pretraining on the same tiny budget, for when pretrain.enabled is on (its 600 default steps
+    # would be minutes of every run here); config/test/*.yaml give the twins the same.
+    cfg["pretrain"]["settings"].update(steps=2, batch_size=2, warmup_steps=1, log_every=1, eval_every=0,
+                                       eval_questions=2, tokenizer_worlds=5, mix_worlds=1, world_people=20)
     for table in cfg["results"]["tables"]:
         if table["name"].startswith("toy_"):
             table["runs"] = RUNS

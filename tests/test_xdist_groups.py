@@ -1,0 +1,47 @@
+"""tests/conftest.py's split of the suite over xdist workers, read off a real collection."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs after conftest's hook and prints what xdist would schedule by: node id, group.
+PROBE = '''
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        print("GROUP", item.nodeid, "|", item.get_closest_marker("xdist_group").args[0])
+'''
+
+
+def test_groups_keep_module_fixtures_together_and_split_the_end_to_end_runs(tmp_path):
+    (tmp_path / "groups_probe.py").write_text(PROBE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    files = ["tests/test_slurm.py", "tests/test_paper_twins.py", "tests/test_workflow.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "groups_probe",
+                           "-p", "no:cacheprovider", *files], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    order = [line[len("GROUP "):].split(" | ") for line in proc.stdout.splitlines() if line.startswith("GROUP ")]
+    group = dict(order)
+
+    # The SLURM tests share the module's cluster fixture: one unit, on one worker.
+    slurm = {g for n, g in order if n.startswith("tests/test_slurm.py")}
+    assert slurm == {"tests/test_slurm.py"}, slurm
+    # Each twin is a Snakemake run in its own temp dir: a unit each.
+    twins = [g for n, g in order if "test_twin_runs_the_whole_dag" in n]
+    assert len(twins) == len(set(twins)) == len(list((REPO / "config/test").glob("*.yaml"))), twins
+    assert not any("]" in g or "@" in g for g in twins), twins  # xdist reads a group after the last "@"
+    # The workflow's end-to-end run is a unit of its own; its dry-run checks stay with their file.
+    e2e = group["tests/test_workflow.py::test_workflow_runs_end_to_end"]
+    assert e2e != "tests/test_workflow.py" and "@" not in e2e and "]" not in e2e
+    dry = {g for n, g in order if "test_bad_config_stops_before_any_job" in n}
+    assert dry == {"tests/test_workflow.py"}
+    # Units holding an integration test are handed out before the rest.
+    first_light = next(i for i, (n, _) in enumerate(order) if "test_bad_config" in n or "has_a_twin" in n)
+    assert "tests/test_slurm.py" in {g for _, g in order[:first_light]} and e2e in {g for _, g in order[:first_light]}
