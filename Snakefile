@@ -26,5 +26,4 @@ include: "rules/kb.smk"
 rule all:
     input:
         all_outputs(),
-        kb_outputs(),
     default_target: True

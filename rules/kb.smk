@@ -2,10 +2,6 @@
 # an overlay such as config/test/knowrl_kb.yaml asks for them).
 
 
-def kb_outputs():
-    return [f"{RESULTS}/kb/{name}/knowledge_base.db" for name in config.get("kbs", {})]
-
-
 rule kb:
     input:
         lambda wc: config["kbs"][wc.kb]["inputs"],

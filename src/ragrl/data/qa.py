@@ -19,6 +19,9 @@ store an empty struct). Formats:
   Answers,Source`, answer lists joined by "; "), or the Hugging Face `truthful_qa` generation rows
   as JSONL (`type, category, question, best_answer, correct_answers, incorrect_answers, source`);
   golden_answers = the best answer, then the other correct ones; ids `truthfulqa-<row>`.
+- `knowrl`: KnowRL's RL data (data/rl/knowrl_RLdata.json): a JSON array of `{question, answers,
+  title}`, `answers` one string, `title` the KB titles of the question joined by ';' (kept in
+  metadata, where the KnowRL method finds its topic); ids `knowrl-<index>`.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ QA_SCHEMA = pa.schema(
         ("metadata", pa.string()),
     ]
 )
-QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique", "kgqa", "simpleqa", "truthfulqa")
+QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique", "kgqa", "simpleqa", "truthfulqa", "knowrl")
 
 Row = dict
 Located = Iterator[tuple[Where, Row]]
@@ -260,7 +263,16 @@ def _truthfulqa(path: PathLike) -> Located:
         yield at, _row(f"truthfulqa-{i}", question, _unique([best.strip(), *correct]), [], metadata)
 
 
+def _knowrl(path: PathLike) -> Located:
+    for i, (at, record) in enumerate(iter_json_array(path)):
+        question = get_str(record, "question", at, nonblank=True)
+        answer = get_str(record, "answers", at, nonblank=True)
+        title = get_str(record, "title", at) if "title" in record else ""
+        yield at, _row(f"knowrl-{i}", question, [answer.strip()], [], {"title": title} if title.strip() else {})
+
+
 _LOADERS: dict[str, Callable[[PathLike], Located]] = {
+    "knowrl": _knowrl,
     "simpleqa": _simpleqa,
     "truthfulqa": _truthfulqa,
     "kgqa": _kgqa,

@@ -22,6 +22,8 @@ from ragrl.factscore.core import FactScorer, FactVerdict
 
 _CLAUSE_SPLIT = re.compile(r"\s*;\s*|,\s+and\s+|\s+and\s+|,\s+but\s+|,\s+while\s+")
 _DIGIT_COMMA = re.compile(r"(?<=\d),(?=\d{3}\b)")
+# No template sentence is this long; a run-on "sentence" of a degenerate rollout is not parsed.
+_MAX_FACT_CHARS = 1000
 _INITIAL_END = re.compile(r"(?:^|\s)[A-Z]\.$")
 
 Triple = tuple[str, str, str]
@@ -54,6 +56,8 @@ def parse_triples(sentence: str, topic: str | None = None) -> set[Triple]:
     """Every (head, relation, tail) a template reads in `sentence`, normalised; a head that refers
     to `topic` (its anaphor, its last name) is the topic."""
     text = sentence.strip().rstrip(".!").strip()
+    if len(text) > _MAX_FACT_CHARS:
+        return set()
     topic_n = _norm(topic) if topic else None
     out = set()
     for key, pattern in _templates():
