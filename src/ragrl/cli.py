@@ -378,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_corpus)
 
     p = sub.add_parser("qa", help="read a QA set in a public format into the QA parquet")
-    p.add_argument("--format", required=True, help="flashrag | hotpotqa | 2wikimultihopqa | musique")
+    p.add_argument("--format", required=True,
+                   help="flashrag | hotpotqa | 2wikimultihopqa | musique | kgqa | simpleqa | truthfulqa | knowrl")
     p.add_argument("--input", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=_cmd_qa)
