@@ -303,3 +303,25 @@ def test_batched_requests_run_concurrently_in_order(fresh):
     assert replies == ["B", "A"] * 4
     assert fresh.app.state.max_in_flight == 4
     assert elapsed < 8 * 0.2
+
+
+def test_embedded_on_the_world(tmp_path):
+    """Every fact the world's factual questions list is supported by the KB built from the world's
+    documents; the same sentence with another entity's name as its tail is not."""
+    from ragrl.toy.world import generate_world
+
+    world = generate_world(3, "tiny")
+    docs = tmp_path / "documents.jsonl"
+    docs.write_text("".join(json.dumps({"title": d["title"], "text": d["text"]}) + "\n" for d in world.kb_documents))
+    build_kb([docs], tmp_path / "kb.db")
+    scorer = EmbeddedFactScorer(tmp_path / "kb.db")
+    rows = world.factual["train"][:20]
+    other = world.kb_documents[-1]["title"]
+    for row in rows:
+        meta = json.loads(row["metadata"])
+        facts, topic = meta["facts"], meta["topic_entity"]
+        fs = scorer.score(topic, " ".join(facts))
+        assert (fs.n_facts, fs.n_supported) == (len(facts), len(facts)), (topic, fs.verdicts)
+        tail = meta["hops"][0][2]
+        wrong = [f.replace(tail, other) for f in facts if f.endswith(f"{tail}.")]
+        assert wrong and scorer.score(topic, " ".join(wrong)).n_supported == 0
