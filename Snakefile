@@ -20,6 +20,7 @@ include: "rules/data.smk"
 include: "rules/retrieval.smk"
 include: "rules/agents.smk"
 include: "rules/results.smk"
+include: "rules/kb.smk"
 
 
 rule all:

@@ -525,8 +525,13 @@ def table_names():
     return [t["name"] for t in config["results"]["tables"]]
 
 
+def kb_outputs():
+    # rules/kb.smk: KnowRL-schema knowledge bases, only where config names some (kbs:).
+    return [f"{RESULTS}/kb/{name}/knowledge_base.db" for name in config.get("kbs", {})]
+
+
 def all_outputs():
-    outputs = world_outputs()
+    outputs = world_outputs() + kb_outputs()
     outputs.append(f"{RESULTS}/checks/policy_generate.txt")
     outputs += [passages_path(c) for c in config["corpora"]]
     outputs += [qa_path(d) for d in config["datasets"]]

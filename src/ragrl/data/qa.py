@@ -13,10 +13,21 @@ store an empty struct). Formats:
   "simple" KGQA shape (`question`, `answers: [{kb_id, text}]`, `entities` or `topic_entities`).
   golden_answers are the answer texts; metadata keeps the answer entities (text and kb_id, which
   the KG rewards count as one entity) and the topic entities the agent starts from.
+- `simpleqa`: OpenAI's SimpleQA CSV (`metadata,problem,answer`; metadata a Python-literal dict with
+  topic, answer_type, urls), ids `simpleqa-<row>` (the file has none).
+- `truthfulqa`: TruthfulQA's CSV (`Type,Category,Question,Best Answer,Correct Answers,Incorrect
+  Answers,Source`, answer lists joined by "; "), or the Hugging Face `truthful_qa` generation rows
+  as JSONL (`type, category, question, best_answer, correct_answers, incorrect_answers, source`);
+  golden_answers = the best answer, then the other correct ones; ids `truthfulqa-<row>`.
+- `knowrl`: KnowRL's RL data (data/rl/knowrl_RLdata.json): a JSON array of `{question, answers,
+  title}`, `answers` one string, `title` the KB titles of the question joined by ';' (kept in
+  metadata, where the KnowRL method finds its topic); ids `knowrl-<index>`.
 """
 
 from __future__ import annotations
 
+import ast
+import csv
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -49,7 +60,7 @@ QA_SCHEMA = pa.schema(
         ("metadata", pa.string()),
     ]
 )
-QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique", "kgqa")
+QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique", "kgqa", "simpleqa", "truthfulqa", "knowrl")
 
 Row = dict
 Located = Iterator[tuple[Where, Row]]
@@ -185,7 +196,85 @@ def _kgqa(path: PathLike) -> Located:
         yield at, _row(qid, question, golds, [], metadata)
 
 
+def _csv_rows(path: PathLike, columns: tuple[str, ...]) -> Iterator[tuple[Where, dict]]:
+    """Rows of a CSV with a header naming at least `columns`, each located by its first line."""
+    from ragrl.corpus.readers import text_lines
+
+    lines = [text for _, text in text_lines(path)]  # decodes (and reports bad UTF-8 by line) first
+    reader = csv.DictReader(lines)
+    header = reader.fieldnames or []
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise DataFormatError(path, f"missing column(s) {missing}; the header has {header}", line=1)
+    start = 2
+    try:
+        for row in reader:
+            at = Where(str(path), line=start)
+            start = reader.line_num + 1
+            if None in row or any(row.get(c) is None for c in columns):
+                raise at.error(f"expected {len(header)} fields as in the header")
+            yield at, row
+    except csv.Error as exc:
+        raise DataFormatError(path, f"invalid CSV: {exc}", line=reader.line_num) from None
+
+
+def _simpleqa(path: PathLike) -> Located:
+    for i, (at, row) in enumerate(_csv_rows(path, ("metadata", "problem", "answer"))):
+        question = row["problem"].strip()
+        answer = row["answer"].strip()
+        if not question:
+            raise at.error("must not be empty", "problem")
+        if not answer:
+            raise at.error("must not be empty", "answer")
+        try:
+            # SimpleQA writes metadata as a Python dict literal ('single quotes'): read as a literal.
+            metadata = ast.literal_eval(row["metadata"]) if row["metadata"].strip() else {}
+        except (ValueError, SyntaxError):
+            raise at.error("not a dict literal", "metadata") from None
+        if not isinstance(metadata, dict):
+            raise at.error(f"expected a dict, got {type(metadata).__name__}", "metadata")
+        yield at, _row(f"simpleqa-{i}", question, [answer], [], metadata)
+
+
+_TRUTHFULQA_CSV = ("Type", "Category", "Question", "Best Answer", "Correct Answers", "Incorrect Answers", "Source")
+
+
+def _split_answers(text: str) -> list[str]:
+    return [a.strip() for a in text.split(";") if a.strip()]
+
+
+def _truthfulqa(path: PathLike) -> Located:
+    if str(path).endswith(".csv"):
+        records = ((at, {"type": r["Type"], "category": r["Category"], "question": r["Question"],
+                         "best_answer": r["Best Answer"], "correct_answers": _split_answers(r["Correct Answers"]),
+                         "incorrect_answers": _split_answers(r["Incorrect Answers"]), "source": r["Source"]})
+                   for at, r in _csv_rows(path, _TRUTHFULQA_CSV))
+    else:
+        records = iter_jsonl(path)
+    for i, (at, record) in enumerate(records):
+        question = get_str(record, "question", at, nonblank=True)
+        best = get_str(record, "best_answer", at, nonblank=True)
+        correct = _answers(get_str_list(record, "correct_answers", at), at, "correct_answers")
+        incorrect = get_str_list(record, "incorrect_answers", at)
+        metadata = {"best_answer": best, "incorrect_answers": incorrect}
+        for key in ("type", "category", "source"):
+            if isinstance(record.get(key), str):
+                metadata[key] = record[key]
+        yield at, _row(f"truthfulqa-{i}", question, _unique([best.strip(), *correct]), [], metadata)
+
+
+def _knowrl(path: PathLike) -> Located:
+    for i, (at, record) in enumerate(iter_json_array(path)):
+        question = get_str(record, "question", at, nonblank=True)
+        answer = get_str(record, "answers", at, nonblank=True)
+        title = get_str(record, "title", at) if "title" in record else ""
+        yield at, _row(f"knowrl-{i}", question, [answer.strip()], [], {"title": title} if title.strip() else {})
+
+
 _LOADERS: dict[str, Callable[[PathLike], Located]] = {
+    "knowrl": _knowrl,
+    "simpleqa": _simpleqa,
+    "truthfulqa": _truthfulqa,
     "kgqa": _kgqa,
     "flashrag": _flashrag,
     "hotpotqa": _hotpot_like("hotpotqa"),
