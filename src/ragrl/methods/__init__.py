@@ -102,6 +102,7 @@ _BUILTIN = {
     "multi_query_search": "ragrl.methods.multi_query_search",
     "kg": "ragrl.methods.kg",
     "none": "ragrl.methods.closed_book",
+    "graph_constructor": "ragrl.methods.graph_constructor",
 }
 _REGISTRY: dict[str, Method] = {}
 
