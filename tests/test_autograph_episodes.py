@@ -215,3 +215,72 @@ def test_gold_sft_through_the_method(tiny, tmp_path):
     assert len(first["input_ids"]) == len(first["assistant_masks"])
     trained = tiny.tok.decode([i for i, m in zip(first["input_ids"], first["assistant_masks"]) if m])
     assert trained.startswith('[{"subject": ') and trained.endswith("<|im_end|>")
+
+
+# --------------------------------------------------------------------------- construct-kg
+
+
+class Killed(RuntimeError):
+    pass
+
+
+class CountingGenerator(ScriptedGenerator):
+    """Gold answers per title; raises `Killed` on the call after `die_after` calls, as a kill would
+    stop the job between two batches."""
+
+    def __init__(self, tok, script, die_after=None):
+        super().__init__(tok, script)
+        self.die_after = die_after
+
+    def generate(self, *args, **kwargs):
+        if self.die_after is not None and len(self.calls) >= self.die_after:
+            raise Killed("killed")
+        return super().generate(*args, **kwargs)
+
+
+def test_construct_kg_resumes_after_a_kill_and_writes_a_servable_kg(tiny, tmp_path):
+    from ragrl.kg.construct import ConstructSettings, construct_kg
+    from ragrl.kg.server import KGService
+    from ragrl.kg.store import load_kg
+
+    passages = tiny.root / "world/passages.parquet"
+    docs = tiny.world.passages[:10]
+    by_title = {p["title"]: p["id"] for p in docs}
+    script = lambda title, k: triples_json(tiny.gold.get(by_title[title], []))  # noqa: E731
+    settings = ConstructSettings(batch_size=4, limit=10)
+    out, work = tmp_path / "kg", tmp_path / "work"
+
+    with pytest.raises(Killed):
+        construct_kg(passages, tiny.model_dir, out, work, CountingGenerator(tiny.tok, script, die_after=2), tiny.tok,
+                     settings)
+    assert sorted(p.name for p in (work / "parts").iterdir()) == ["part-000000.parquet", "part-000001.parquet"]
+    assert not out.exists()  # nothing half-built
+
+    again = CountingGenerator(tiny.tok, script)
+    stats = construct_kg(passages, tiny.model_dir, out, work, again, tiny.tok, settings)
+    assert again.calls == [2]  # only the last batch (passages 8, 9) was generated
+    assert stats["passages"] == 10 and stats["generated_now"] == 2 and stats["invalid_passages"] == 0
+    built = pq.read_table(out / "triples.parquet").to_pylist()
+    expected = [{"head": t.subject, "relation": t.relation, "tail": t.object, "source_id": p["id"]}
+                for p in docs for t in tiny.gold.get(p["id"], [])]
+    assert sorted(built, key=str) == sorted(expected, key=str) and built
+
+    service = KGService(load_kg(out))  # what `ragrl serve-kg --kg <out>` serves
+    head = built[0]["head"]
+    reply = service.retrieve([{"action_type": "get_relations_out", "dataset_name": "kg", "sample_id": "x",
+                               "entity_id": head, "relation": None}])[0]
+    assert reply["status"] == "success" and built[0]["relation"] in reply["results"]
+
+
+def test_construct_kg_starts_over_when_the_settings_change(tiny, tmp_path):
+    from ragrl.kg.construct import ConstructSettings, construct_kg
+
+    passages = tiny.root / "world/passages.parquet"
+    bad = lambda title, k: "no triples here"  # noqa: E731
+    out, work = tmp_path / "kg", tmp_path / "work"
+    construct_kg(passages, tiny.model_dir, out, work, ScriptedGenerator(tiny.tok, bad), tiny.tok,
+                 ConstructSettings(batch_size=4, limit=4))
+    stats = construct_kg(passages, tiny.model_dir, out, work, ScriptedGenerator(tiny.tok, bad), tiny.tok,
+                         ConstructSettings(batch_size=2, limit=4))
+    assert stats["generated_now"] == 4 and stats["triples"] == 0 and stats["invalid_passages"] == 4
+    assert pq.read_table(out / "triples.parquet").num_rows == 0
