@@ -20,9 +20,11 @@ include: "rules/data.smk"
 include: "rules/retrieval.smk"
 include: "rules/agents.smk"
 include: "rules/results.smk"
+include: "rules/construct_kg.smk"
 
 
 rule all:
     input:
         all_outputs(),
+        construct_kg_outputs(),
     default_target: True

@@ -190,7 +190,7 @@ def _cmd_construct_kg(args: argparse.Namespace) -> None:
     from ragrl.kg.construct import ConstructSettings, construct_kg_stage
 
     settings = ConstructSettings(batch_size=args.batch_size, max_turn_tokens=args.max_turn_tokens,
-                                 temperature=args.temperature, limit=args.limit, seed=args.seed)
+                                 temperature=args.temperature, limit=args.limit or None, seed=args.seed)
     construct_kg_stage(args.passages, args.model, args.out, args.work, settings, base_url=args.base_url,
                        served_name=args.served_name)
 
@@ -425,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-turn-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--limit", type=int, help="only the first N passages")
+    p.add_argument("--limit", type=int, help="only the first N passages (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_construct_kg)
 
