@@ -21,9 +21,11 @@ include: "rules/retrieval.smk"
 include: "rules/agents.smk"
 include: "rules/results.smk"
 include: "rules/kb.smk"
+include: "rules/construct_kg.smk"
 
 
 rule all:
     input:
         all_outputs(),
+        construct_kg_outputs(),
     default_target: True

@@ -547,6 +547,35 @@ def all_outputs():
     return outputs
 
 
+# ---------------------------------------------------------------- construct_kg (rules/construct_kg.smk)
+
+
+def construct_kg_settings():
+    return config.get("construct_kg") or {}
+
+
+def construct_kg_outputs():
+    return [f"{RESULTS}/kg_built/{name}/triples.parquet" for name in construct_kg_settings().get("constructors", {})]
+
+
+def constructor_spec(wildcards):
+    constructors = construct_kg_settings().get("constructors", {})
+    if wildcards.constructor not in constructors:
+        raise WorkflowError(f"construct_kg.constructors has no {wildcards.constructor!r}; it names {sorted(constructors)}")
+    return constructors[wildcards.constructor]
+
+
+def constructor_inputs(wildcards):
+    # "policy": the base policy (the built tiny model is a workflow output); else a path or hub id.
+    return {"passages": passages_path(construct_kg_settings()["corpus"]),
+            "model": policy_inputs() if constructor_spec(wildcards) == "policy" else []}
+
+
+def constructor_model(wildcards, input):
+    model = constructor_spec(wildcards)
+    return policy_param(wildcards, input.model) if model == "policy" else model
+
+
 _check_models()
 _check_recipes()
 _check_references()

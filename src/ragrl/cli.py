@@ -216,6 +216,15 @@ def _cmd_serve_kg(args: argparse.Namespace) -> None:
     serve(kg_dirs(args.kg, args.dataset_name), args.host, args.port, mode=args.mode, http_limits=_http_limits(args))
 
 
+def _cmd_construct_kg(args: argparse.Namespace) -> None:
+    from ragrl.kg.construct import ConstructSettings, construct_kg_stage
+
+    settings = ConstructSettings(batch_size=args.batch_size, max_turn_tokens=args.max_turn_tokens,
+                                 temperature=args.temperature, limit=args.limit or None, seed=args.seed)
+    construct_kg_stage(args.passages, args.model, args.out, args.work, settings, base_url=args.base_url,
+                       served_name=args.served_name)
+
+
 def _cmd_retrieval_eval(args: argparse.Namespace) -> None:
     from ragrl.retrieval.evaluate import evaluate_retrieval, write_recall_report
 
@@ -470,6 +479,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whole KG, or each question restricted to its subgraph (as KG-R1 does)")
     _http_limit_args(p, 4 * 1024 * 1024)
     p.set_defaults(func=_cmd_serve_kg)
+
+    p = sub.add_parser("construct-kg", help="build a KG (triples.parquet, serve-kg's format) from every passage "
+                                           "with a constructor model; resumable after a kill")
+    p.add_argument("--passages", type=Path, required=True)
+    p.add_argument("--model", required=True, help="the constructor: a checkpoint dir (its tokenizer is used)")
+    p.add_argument("--out", type=Path, required=True, help="KG directory to write (triples.parquet, construction.json)")
+    p.add_argument("--work", type=Path, required=True, help="work directory of finished batches (resume)")
+    p.add_argument("--base-url", help="an OpenAI-compatible completions endpoint serving --model (default: in process)")
+    p.add_argument("--served-name", help="the model name the endpoint serves (default: --model)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-turn-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--limit", type=int, help="only the first N passages (0: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_construct_kg)
 
     retrieval = sub.add_parser("retrieval", help="evaluate and check retrieval").add_subparsers(
         dest="retrieval_command", required=True)

@@ -103,6 +103,7 @@ _BUILTIN = {
     "kg": "ragrl.methods.kg",
     "none": "ragrl.methods.closed_book",
     "knowrl": "ragrl.methods.knowrl",
+    "graph_constructor": "ragrl.methods.graph_constructor",
 }
 _REGISTRY: dict[str, Method] = {}
 

@@ -1,0 +1,147 @@
+"""AutoGraph-R1's rewards for a KG constructor, as pure functions plus pluggable judges.
+
+- R_I ("graph as knowledge index"): recall of the gold supporting passages in the PPR retriever's
+  top 5 (`recall_at_k`).
+- R_C ("graph as knowledge carrier"): 1 when a judge says the gold answer can be deduced from the
+  triples the subgraph retriever returned, else 0. A judge is anything with
+  `judge(items) -> list[bool]` (batched: one call per training batch). Two here:
+  `ConnectivityJudge`, deterministic, for the embedded default (a deviation: the authors ask a
+  frozen LLM), and `OpenAIJudge`, an LLM behind an OpenAI-compatible chat endpoint with the
+  authors' prompt (files under `ragrl/kg/prompts/`, not code).
+- Both subtract the share of repeated triples, and a rollout whose share exceeds 0.9 gets 0
+  (`penalised`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Protocol
+
+from ragrl.kg.extraction import Triple
+from ragrl.kg.text_graph import build_graph, name_matches, subgraph_triples
+
+REPETITION_LIMIT = 0.9  # AutoGraph-R1: a rollout with more than 90% repeated triples scores 0
+RECALL_K = 5
+
+
+def recall_at_k(ranked: Sequence[str], gold: Iterable[str], k: int = RECALL_K) -> float:
+    """Share of the distinct gold ids among the first k ranked ids (0 when there is no gold)."""
+    gold_set = set(gold)
+    if not gold_set or k < 1:
+        return 0.0
+    return len(gold_set & set(ranked[:k])) / len(gold_set)
+
+
+def penalised(reward: float, repetition: float, limit: float = REPETITION_LIMIT) -> float:
+    """The task reward minus the repetition share; 0 when the share exceeds `limit`."""
+    return 0.0 if repetition > limit else reward - repetition
+
+
+@dataclass(frozen=True)
+class JudgeItem:
+    question: str
+    answers: tuple[str, ...]  # gold answer and aliases
+    triples: tuple[Triple, ...]  # what the subgraph retriever returned
+
+
+class Judge(Protocol):
+    def judge(self, items: Sequence[JudgeItem]) -> list[bool]: ...
+
+
+class ConnectivityJudge:
+    """A deterministic stand-in for the LLM judge on the embedded default (a deviation: the authors
+    ask a frozen LLM). Yes when a gold answer (or alias) names an entity of the retrieved triples
+    that a path in those triples joins to an entity the question names. When the question names
+    the answer itself (the world's comparison questions: "who was born first, X or Y?"), it is a
+    choice between named entities: yes when at least two of them have a retrieved triple (the judge
+    sees only the triples, so a named entity without any is invisible to it). It cannot tell a relevant path from an irrelevant one, which an LLM can."""
+
+    def judge(self, items: Sequence[JudgeItem]) -> list[bool]:
+        return [connected_answer(item) for item in items]
+
+
+def connected_answer(item: JudgeItem) -> bool:
+    graph = build_graph([("retrieved", item.triples)])
+    starts = name_matches(graph, item.question)
+    targets = {e for a in item.answers if (e := graph.entity_id(a)) is not None}
+    if not starts or not targets:
+        return False
+    if targets & set(starts):
+        return len(starts) >= 2  # every start is a node of some retrieved triple
+    walked = subgraph_triples(graph, starts, hops=len(graph.entities))  # everything connected to a start
+    return bool(targets & {int(n) for t in walked for n in (graph.heads[t], graph.tails[t])})
+
+
+def judge_prompt(item: JudgeItem, system: str | None = None, user: str | None = None) -> list[dict[str, str]]:
+    """The authors' verify-answer messages (deduce_answer in their subgraph retriever)."""
+    system = system if system is not None else _prompt("autograph_judge_system.txt")
+    user = user if user is not None else _prompt("autograph_judge_user.txt")
+    facts = ". ".join(f"({t.subject}-{t.relation}->{t.object})" for t in item.triples) or "No relevant triples found."
+    # str.replace, not str.format: the facts are model text and may contain braces.
+    content = (user.replace("{triples}", facts).replace("{question}", item.question)
+               .replace("{answer}", item.answers[0] if item.answers else ""))
+    return [{"role": "system", "content": system.strip()}, {"role": "user", "content": content.strip()}]
+
+
+def _prompt(name: str) -> str:
+    return resources.files("ragrl.kg").joinpath("prompts", name).read_text(encoding="utf-8")
+
+
+def read_verdict(text: object) -> bool:
+    """The authors' reading of the judge's reply: "yes" anywhere means yes."""
+    return isinstance(text, str) and "yes" in text.strip().lower()
+
+
+class JudgeError(RuntimeError):
+    """The judge endpoint failed or answered something that is not a chat completion."""
+
+
+class OpenAIJudge:
+    """An LLM judge behind an OpenAI-compatible `/v1/chat/completions` endpoint (vLLM, SGLang).
+
+    Requests of one batch go out concurrently; a failure raises `JudgeError` (a silent "no"
+    would train the constructor against a broken judge)."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 120.0,
+                 max_tokens: int = 8, concurrency: int = 8, retries: int = 2, system_prompt: str | None = None,
+                 user_prompt: str | None = None) -> None:
+        import httpx
+
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.max_tokens = max_tokens
+        self.concurrency = max(1, concurrency)
+        self.retries = retries
+        self.system_prompt = system_prompt
+        self.user_prompt = user_prompt
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(timeout=timeout_s, headers=headers)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def judge(self, items: Sequence[JudgeItem]) -> list[bool]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self._one, items))
+
+    def _one(self, item: JudgeItem) -> bool:
+        from ragrl.http_retry import request_with_retries
+
+        body = {"model": self.model, "messages": judge_prompt(item, self.system_prompt, self.user_prompt),
+                "temperature": 0.0, "max_tokens": self.max_tokens}
+        response = request_with_retries(self._http, "POST", self.url, retries=self.retries, backoff=0.5,
+                                        max_backoff=8.0, rejected=JudgeError, unavailable=JudgeError,
+                                        service="judge", json=body)
+        try:
+            return read_verdict(response.json()["choices"][0]["message"]["content"])
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise JudgeError(f"judge at {self.url} answered without choices[0].message.content: "
+                             f"{response.text[:200]!r}") from exc
+
+
+__all__ = ["ConnectivityJudge", "Judge", "JudgeError", "JudgeItem", "OpenAIJudge", "REPETITION_LIMIT", "RECALL_K",
+           "connected_answer", "judge_prompt", "penalised", "read_verdict", "recall_at_k"]

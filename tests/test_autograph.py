@@ -1,0 +1,356 @@
+"""AutoGraph-R1: triple parsing and validity, graph building, both retrievers (PPR checked against
+networkx), and the rewards, on hand-made outputs and hand-computed graphs."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from ragrl.kg.extraction import Triple, parse_triples, repetition_share, triples_json, unique_triples
+from ragrl.kg.text_graph import (
+    build_graph,
+    name_matches,
+    personalized_pagerank,
+    ppr_matrix,
+    rank_passages,
+    seed_entities,
+    subgraph_triples,
+)
+from ragrl.rewards.autograph import (
+    ConnectivityJudge,
+    JudgeError,
+    JudgeItem,
+    OpenAIJudge,
+    judge_prompt,
+    penalised,
+    read_verdict,
+    recall_at_k,
+)
+
+T = Triple
+
+
+def arr(*triples: tuple[str, str, str]) -> str:
+    return json.dumps([{"subject": s, "relation": r, "object": o} for s, r, o in triples], ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- parsing and validity
+
+
+def test_a_clean_array_parses_to_its_triples():
+    turn = parse_triples(arr(("Ann Vole", "born in", "Kest"), ("Kest", "located in", "Orra")))
+    assert turn.valid and turn.error is None
+    assert turn.triples == (T("Ann Vole", "born in", "Kest"), T("Kest", "located in", "Orra"))
+
+
+@pytest.mark.parametrize("text", [
+    'Here are the triples:\n```json\n[{"subject": "A", "relation": "r", "object": "B"}]\n```',
+    '[{"subject": "A", "relation": "r", "object": "B"}',  # missing bracket
+    "[{'subject': 'A', 'relation': 'r', 'object': 'B'}]",  # single quotes
+    '[{"subject": "A", "relation": "r", "object": "B",}]',  # trailing comma
+])
+def test_repairable_json_is_repaired(text):
+    assert parse_triples(text).triples == (T("A", "r", "B"),)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("I could not find any facts.", "expected a JSON array"),
+    ("", "empty"),
+    ("   \n", "empty"),
+    ("[]", "empty"),
+    ('{"subject": "A", "relation": "r", "object": "B"}', "got an object"),
+    ("[1, 2]", "item 0 is a number"),
+    ('[["A", "r", "B"]]', "item 0 is an array"),
+    ('[{"subject": "A", "relation": "r"}]', "lacks object"),
+    ('[{"subject": "A", "relation": "r", "object": ""}]', "object must be a non-empty string"),
+    ('[{"subject": "  ", "relation": "r", "object": "B"}]', "subject must be"),
+    ('[{"subject": 7, "relation": "r", "object": "B"}]', "subject must be"),
+    ('[{"subject": ["A"], "relation": null, "object": "B"}]', "subject, relation must be"),
+    # one bad item spoils the turn: the authors check every item
+    ('[{"subject": "A", "relation": "r", "object": "B"}, {"subject": "A"}]', "item 1 lacks"),
+    ("[" * 3000, "not JSON"),
+    (None, "not text"),
+    (b'[{"subject": "A"}]', "not text"),
+])
+def test_invalid_turns_say_why_and_never_raise(text, needle):
+    turn = parse_triples(text)
+    assert not turn.valid and turn.triples == ()
+    assert needle in turn.error
+
+
+def test_empty_array_is_valid_only_when_allowed():
+    assert parse_triples("[]", allow_empty=True).valid
+    assert parse_triples("[]", allow_empty=True).triples == ()
+    assert not parse_triples("nothing", allow_empty=True).valid
+
+
+def test_huge_arrays_and_huge_turns_are_invalid_not_slow():
+    one = {"subject": "A", "relation": "r", "object": "B"}
+    assert parse_triples(json.dumps([one] * 1000)).valid
+    assert "1001 triples" in parse_triples(json.dumps([one] * 1001)).error
+    assert "characters" in parse_triples("x" * 200_001).error
+
+
+def test_names_with_quotes_and_unicode_survive_and_are_normalised():
+    turn = parse_triples(arr(('Zoë "Zo" O\'Neil', "born  in", "北京"), ("Cafe\u0301", "near", "Zoë")))
+    assert turn.valid
+    assert turn.triples[0] == T('Zoë "Zo" O\'Neil', "born in", "北京")
+    assert turn.triples[1].subject == "Café"  # NFC: one code point
+    assert parse_triples(triples_json(turn.triples)).triples == turn.triples  # gold targets round-trip
+
+
+def test_repetition_share_counts_repeats_case_and_space_insensitively():
+    a, b = T("A", "r", "B"), T("a ", "R", "b")
+    assert repetition_share([]) == 0.0
+    assert repetition_share([a, T("C", "r", "D")]) == 0.0
+    assert repetition_share([a, b, a, T("C", "r", "D")]) == pytest.approx(0.5)  # 2 unique of 4
+    assert repetition_share([a] * 20) == pytest.approx(0.95)
+    assert unique_triples([a, b, T("C", "r", "D")]) == [a, T("C", "r", "D")]
+
+
+# --------------------------------------------------------------------------- graph building
+
+DOCS = [
+    ("p1", [T("Ann Vole", "born in", "Kest"), T("Ann Vole", "works for", "Brindle Co")]),
+    ("p2", [T("Kest", "located in", "Orra"), T("kest", "LOCATED IN", "orra")]),  # a repeat in other case
+    ("p3", [T("Brindle Co", "founded by", "Tam Rook")]),
+    ("p4", []),
+]
+
+
+def test_graph_nodes_edges_and_source_edges():
+    g = build_graph(DOCS)
+    assert g.entities == ("Ann Vole", "Kest", "Brindle Co", "Orra", "Tam Rook")
+    assert g.passages == ("p1", "p2", "p3", "p4")
+    assert len(g.triples) == 4  # the repeat counts once
+    assert list(zip(g.heads.tolist(), g.tails.tolist())) == [(0, 1), (0, 2), (1, 3), (2, 4)]
+    sources = {(g.entities[e], g.passages[p]) for e, p in zip(g.source_entity.tolist(), g.source_passage.tolist())}
+    assert sources == {("Ann Vole", "p1"), ("Kest", "p1"), ("Brindle Co", "p1"), ("Kest", "p2"), ("Orra", "p2"),
+                       ("Brindle Co", "p3"), ("Tam Rook", "p3")}
+    assert g.entity_id("KEST") == 1 and g.entity_id("Nobody") is None
+
+
+def test_empty_graph_builds():
+    g = build_graph([])
+    assert g.n_nodes == 0 and g.triples == ()
+
+
+# --------------------------------------------------------------------------- subgraph retriever
+
+CHAIN = [("c", [T("A1", "r", "B1"), T("B1", "r", "C1"), T("C1", "r", "D1"), T("D1", "r", "E1"), T("X1", "r", "Y1")])]
+
+
+def test_seeds_match_whole_names_in_the_question():
+    g = build_graph(DOCS)
+    assert name_matches(g, "Where was ann vole born, and who founded Brindle Co.?") == [0, 2]
+    assert name_matches(g, "Where was Annvole born?") == []  # no partial-word matches
+    assert name_matches(build_graph(CHAIN), "Is A1 related to D1?") == [0, 3]
+
+
+def test_seed_fallback_by_embedding_only_when_no_name_matches():
+    g = build_graph(DOCS)
+    vecs = {"question": [1.0, 0.0], "Ann Vole": [0.0, 1.0], "Kest": [0.6, 0.8], "Brindle Co": [0.8, 0.6],
+            "Orra": [-1.0, 0.0], "Tam Rook": [0.0, -1.0]}
+    embed = lambda texts: np.array([vecs[t] for t in texts])  # noqa: E731
+    assert seed_entities(g, "question", embed, fallback_k=2) == [2, 1]
+    assert seed_entities(g, "question") == []
+    assert seed_entities(g, "Who is Tam Rook?", embed) == [4]
+
+
+def test_bfs_collects_triples_up_to_three_hops_undirected():
+    g = build_graph(CHAIN)
+    # From D1 (index 3): hop 1 reaches C1, E1 via triples 2, 3; hop 2 B1 via 1; hop 3 A1 via 0.
+    assert subgraph_triples(g, [3], hops=1) == [2, 3]
+    assert subgraph_triples(g, [3], hops=2) == [1, 2, 3]
+    assert subgraph_triples(g, [3]) == [0, 1, 2, 3]
+    assert subgraph_triples(g, [0], hops=3) == [0, 1, 2]  # E1's edge is 4 hops from A1
+    assert subgraph_triples(g, []) == [] and subgraph_triples(g, [99]) == []
+
+
+# --------------------------------------------------------------------------- PPR
+
+
+def _nx_graph(g) -> nx.Graph:
+    ng = nx.Graph()
+    ng.add_nodes_from(range(g.n_nodes))
+    for h, t in zip(g.heads.tolist(), g.tails.tolist()):
+        w = ng.get_edge_data(h, t, {"weight": 0})["weight"]
+        ng.add_edge(h, t, weight=w + 1)
+    e = len(g.entities)
+    for ent, p in zip(g.source_entity.tolist(), g.source_passage.tolist()):
+        ng.add_edge(ent, e + p, weight=1)
+    return ng
+
+
+@pytest.mark.parametrize("docs", [
+    DOCS,
+    CHAIN,
+    [("p", [T("A", "r", "B"), T("B", "s", "A"), T("A", "t", "A"), T("B", "r", "C")]), ("q", [T("C", "r", "D")])],
+])
+def test_personalized_pagerank_matches_networkx(docs):
+    g = build_graph(docs)
+    rng = np.random.default_rng(0)
+    reset = np.zeros(g.n_nodes)
+    reset[rng.choice(len(g.entities), size=2, replace=False)] = rng.random(2) + 0.1
+    ours = personalized_pagerank(ppr_matrix(g), reset, 0.85)
+    theirs = nx.pagerank(_nx_graph(g), alpha=0.85, personalization=dict(enumerate(reset)), weight="weight",
+                         tol=1e-12, max_iter=1000)
+    np.testing.assert_allclose(ours, [theirs[i] for i in range(g.n_nodes)], atol=1e-9)
+    assert ours.sum() == pytest.approx(1.0)
+
+
+def test_personalized_pagerank_rejects_a_bad_reset_vector():
+    g = build_graph(DOCS)
+    with pytest.raises(ValueError, match="personalization"):
+        personalized_pagerank(ppr_matrix(g), np.zeros(g.n_nodes))
+    with pytest.raises(ValueError, match="personalization"):
+        personalized_pagerank(ppr_matrix(g), np.ones(3))
+
+
+def _axis_embedder(vectors: dict[str, list[float]]):
+    def embed(texts):
+        out = np.array([vectors[t] for t in texts], dtype=float)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+    return embed
+
+
+def test_passages_are_ranked_by_the_walk_from_the_best_triples():
+    # Two islands: {A, B} extracted from p1, {C, D} from p2. The question matches A-r-B best.
+    g = build_graph([("p1", [T("A", "r", "B")]), ("p2", [T("C", "r", "D")]), ("p3", [])])
+    embed = _axis_embedder({"q": [1, 0], "A r B": [1, 0.1], "C r D": [0.1, 1]})
+    top1 = rank_passages(g, "q", embed, top_triples=1)
+    assert top1.passage_ids == ("p1",)  # p2's island gets no walk at all; p3 has no node edge
+    both = rank_passages(g, "q", embed, top_triples=2)
+    assert both.passage_ids == ("p1", "p2") and both.scores[0] > both.scores[1] > 0
+    assert recall_at_k(both.passage_ids, ["p2"], k=1) == 0.0 and recall_at_k(both.passage_ids, ["p2"]) == 1.0
+
+
+def test_personalisation_is_the_mean_score_of_a_nodes_top_triples():
+    # B is named by both top triples (scores 0.8 and 0.6 after normalisation: mean 0.7), A by one
+    # (0.8), C by one (0.6). Check the walk's reset vector through a graph with no passages edges
+    # to change it: compare with networkx run on the same reset.
+    g = build_graph([("p", [T("A", "r", "B"), T("B", "r", "C")])])
+    embed = _axis_embedder({"q": [1, 0], "A r B": [0.8, 0.6], "B r C": [0.6, 0.8]})
+    ranking = rank_passages(g, "q", embed)
+    reset = {0: 0.8, 1: 0.7, 2: 0.6, 3: 0.0}
+    theirs = nx.pagerank(_nx_graph(g), alpha=0.85, personalization=reset, weight="weight", tol=1e-12)
+    assert ranking.passage_ids == ("p",) and ranking.scores[0] == pytest.approx(theirs[3], abs=1e-9)
+
+
+def test_a_graph_without_triples_gives_recall_zero_and_a_reason(caplog):
+    g = build_graph([("p1", []), ("p2", [])])
+    with caplog.at_level("INFO", logger="ragrl.kg.text_graph"):
+        ranking = rank_passages(g, "q", _axis_embedder({}))
+    assert ranking.passage_ids == () and "no triples" in ranking.reason
+    assert "no triples" in caplog.text
+    assert recall_at_k(ranking.passage_ids, ["p1"]) == 0.0
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+def test_recall_at_k():
+    ranked = ["p3", "p1", "p9", "p4", "p5", "p2"]
+    assert recall_at_k(ranked, ["p1", "p2"]) == 0.5  # p2 is 6th
+    assert recall_at_k(ranked, ["p1", "p2"], k=6) == 1.0
+    assert recall_at_k(ranked, ["p1", "p1"]) == 1.0
+    assert recall_at_k(ranked, []) == 0.0 and recall_at_k([], ["p1"]) == 0.0
+
+
+def test_repetition_penalty_and_filter():
+    assert penalised(1.0, 0.0) == 1.0
+    assert penalised(1.0, 0.25) == 0.75
+    assert penalised(0.0, 0.5) == -0.5
+    assert penalised(1.0, 0.9) == pytest.approx(0.1)  # at the limit: still penalised, not zeroed
+    assert penalised(1.0, 0.95) == 0.0
+
+
+@pytest.mark.parametrize("triples,answers,expected", [
+    # Who employs the person born in Kest? Path Kest - Ann Vole - Brindle Co.
+    ([T("Ann Vole", "born in", "Kest"), T("Ann Vole", "works for", "Brindle Co")], ("Brindle Co",), True),
+    ([T("Ann Vole", "born in", "Kest"), T("Tim", "works for", "Brindle Co")], ("Brindle Co",), False),  # cut
+    ([T("Ann Vole", "born in", "Kest")], ("Brindle Co",), False),  # answer absent
+    ([T("Ann Vole", "works for", "brindle co."), T("kest", "birthplace of", "Ann Vole")], ("Brindle Co.", "BC"),
+     True),  # case-insensitive names, edges either way
+    ([T("Ann Vole", "works for", "BC"), T("Ann Vole", "born in", "Kest")], ("Brindle Co.", "BC"), True),  # alias
+    ([T("Ann Vole", "works for", "BC")], ("BC",), False),  # the question names nothing retrieved
+    ([], ("Brindle Co",), False),
+])
+def test_connectivity_judge(triples, answers, expected):
+    item = JudgeItem("Who employs the person born in Kest?", answers, tuple(triples))
+    assert ConnectivityJudge().judge([item]) == [expected]
+
+
+def test_connectivity_judge_on_an_answer_the_question_names():
+    # Comparison questions name the answer: yes when every named entity has a retrieved fact.
+    q = "Who was born first, Ann Vole or Tam Rook?"
+    both = (T("Ann Vole", "born", "1950"), T("Tam Rook", "born", "1960"))
+    assert ConnectivityJudge().judge([JudgeItem(q, ("Ann Vole",), both),
+                                      JudgeItem(q, ("Ann Vole",), both[:1]),
+                                      JudgeItem(q, ("Ann Vole",), ())]) == [True, False, False]
+
+
+def test_judge_prompt_comes_from_files_and_keeps_braces():
+    item = JudgeItem("Q {x}?", ("Ans",), (T("a{0}", "r", "b"),))
+    system, user = judge_prompt(item)
+    assert system["role"] == "system" and "'Yes' or 'No'" in system["content"]
+    assert "(a{0}-r->b)" in user["content"] and "Question:Q {x}?" in user["content"]
+    assert "True Answer:Ans" in user["content"]
+    assert "No relevant triples found." in judge_prompt(JudgeItem("q", ("a",), ()))[1]["content"]
+
+
+@pytest.mark.parametrize("text,expected", [("Yes", True), (" yes.", True), ("No", False), ("", False), (None, False)])
+def test_read_verdict(text, expected):
+    assert read_verdict(text) is expected
+
+
+@pytest.fixture
+def chat_server():
+    """A real OpenAI-compatible chat endpoint on 127.0.0.1 whose replies a test scripts."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from ragrl.http_server import BackgroundServer
+
+    state = SimpleNamespace(seen=[], reply=lambda body: (200, {}))
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        state.seen.append(body)
+        status, payload = state.reply(body)
+        return JSONResponse(payload, status_code=status)
+
+    with BackgroundServer(app) as server:
+        state.url = server.url + "/v1"
+        yield state
+
+
+def test_openai_judge_over_http(chat_server):
+    def reply(body):
+        yes = "Brindle" in body["messages"][1]["content"]
+        return 200, {"choices": [{"message": {"role": "assistant", "content": "Yes" if yes else "No"}}]}
+
+    chat_server.reply = reply
+    judge = OpenAIJudge(chat_server.url, "judge-model", retries=0)
+    items = [JudgeItem("q1", ("x",), (T("A", "r", "Brindle"),)), JudgeItem("q2", ("x",), (T("A", "r", "B"),))]
+    assert judge.judge(items) == [True, False]
+    assert {b["model"] for b in chat_server.seen} == {"judge-model"}
+    assert all(b["temperature"] == 0.0 and b["messages"][0]["role"] == "system" for b in chat_server.seen)
+    judge.close()
+
+
+@pytest.mark.parametrize("status,payload,needle", [
+    (200, {"nothing": 1}, "without choices"),
+    (400, {"error": "bad model"}, "rejected"),
+])
+def test_openai_judge_failures_raise(chat_server, status, payload, needle):
+    chat_server.reply = lambda body: (status, payload)
+    judge = OpenAIJudge(chat_server.url, "m", retries=0)
+    with pytest.raises(JudgeError, match=needle):
+        judge.judge([JudgeItem("q", ("a",), ())])
+    judge.close()

@@ -1,0 +1,286 @@
+"""AutoGraph-R1's constructor episodes on the tiny policy's real chat template: per-document turns,
+loss only on the constructor's turns, invalid turns ending the episode, gold SFT transcripts that
+are token for token what a rollout of the gold answers produces, and the episode rewards."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import transformers
+
+from ragrl.kg.constructor import (
+    ChatFrame,
+    ConstructorRollout,
+    Document,
+    Episode,
+    carrier_scores,
+    document_message,
+    episodes_from_world,
+    gold_transcript,
+    gold_triples_by_passage,
+    index_score,
+)
+from ragrl.kg.extraction import Triple, parse_triples, triples_json
+from ragrl.methods import get_method
+from ragrl.recipe import parse_recipe
+from ragrl.rewards.autograph import ConnectivityJudge
+from ragrl.toy.tiny_model import build_tiny
+from ragrl.toy.world import generate_world, world_text, write_world
+from test_rollout import SPEC  # the tiny policy the rollout tests use
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("autograph")
+    world = generate_world(3, 30)
+    write_world(world, root / "world")
+    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    gold = gold_triples_by_passage(pq.read_table(root / "world/kg/B/triples.parquet").to_pylist())
+    qa = [r for r in world.qa["train"] if len(r["supporting_ids"]) == 2][:4]
+    return SimpleNamespace(root=root, world=world, model_dir=model_dir, tok=tok, gold=gold, qa=qa,
+                           episodes=episodes_from_world(qa, world.passages))
+
+
+class ScriptedGenerator:
+    """Answers each turn by the title of the document it was last shown: `script(title, k)` is
+    the reply text (k: which document of the episode), encoded and closed with eos."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script, self.calls = tok, script, []
+
+    def generate(self, batch_token_ids, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *,
+                 stop_token_ids=(), stop_strings=()):
+        self.calls.append(len(batch_token_ids))
+        out = []
+        for ids in batch_token_ids:
+            context = self.tok.decode(ids)
+            titles = re.findall(r"Extracts for (.*?): ", context)
+            out.append(self.tok.encode(self.script(titles[-1], len(titles) - 1), add_special_tokens=False)
+                       + [self.tok.eos_token_id])
+        return out
+
+
+def _gold_script(t):
+    by_title = {d.title: d.id for e in t.episodes for d in e.documents}
+    return lambda title, k: triples_json(t.gold.get(by_title[title], []))
+
+
+def test_document_message():
+    assert document_message(Document("p", "Kest", "Kest is a town."), 0) == "Extracts for Kest: Kest is a town."
+    assert document_message(Document("p", " ", "Text."), 2) == "Extracts for Document 3: Text."
+
+
+def test_episodes_hold_the_supporting_passages_shuffled_and_reproducible(tiny):
+    for row, ep in zip(tiny.qa, tiny.episodes):
+        assert sorted(d.id for d in ep.documents) == sorted(row["supporting_ids"])
+        assert ep.supporting_ids == tuple(row["supporting_ids"])
+    assert episodes_from_world(tiny.qa, tiny.world.passages) == tiny.episodes
+    with pytest.raises(ValueError, match="not in the passages"):
+        episodes_from_world([{**tiny.qa[0], "supporting_ids": ["nope"]}], tiny.world.passages)
+
+
+def test_hard_negatives_come_from_the_retriever_and_skip_supporting_passages(tiny):
+    row = tiny.qa[0]
+    others = [p for p in tiny.world.passages if p["id"] not in row["supporting_ids"]]
+    ranked = [{"id": row["supporting_ids"][0]}, {"id": others[0]["id"]}, {"id": others[0]["id"]},
+              {"id": others[1]["id"]}, {"id": others[2]["id"]}]
+    ep = episodes_from_world([row], tiny.world.passages, negatives=2, search=lambda qs, k: [ranked])[0]
+    assert sorted(d.id for d in ep.documents) == sorted([*row["supporting_ids"], others[0]["id"], others[1]["id"]])
+    assert ep.supporting_ids == tuple(row["supporting_ids"])
+
+
+def test_rollout_feeds_one_document_per_turn_and_masks_all_but_the_constructor(tiny):
+    gen = ScriptedGenerator(tiny.tok, _gold_script(tiny))
+    trajs = ConstructorRollout(gen, tiny.tok).run(tiny.episodes, n=2)
+    assert gen.calls == [8, 8]  # two documents each: one batched call per turn
+    for t in trajs:
+        ep = tiny.episodes[t.prompt_index]
+        assert t.complete and len(t.turns) == 2
+        assert [list(turn.triples) for turn in t.turns] == [tiny.gold[d.id] for d in ep.documents]
+        trained = [i for i, m in zip(t.response_ids, t.loss_mask) if m]
+        expected = [tiny.tok.encode(triples_json(tiny.gold[d.id]), add_special_tokens=False) + [tiny.tok.eos_token_id]
+                    for d in ep.documents]
+        assert trained == expected[0] + expected[1]
+        context = tiny.tok.decode([i for i, m in zip(t.response_ids, t.loss_mask) if not m])
+        assert context == f"\n<|im_start|>user\n{document_message(ep.documents[1], 1)}<|im_end|>\n<|im_start|>assistant\n"
+        assert sorted(set(t.turn_index)) == [0, 1]
+
+
+def test_gold_transcript_is_the_rollout_of_the_gold_answers(tiny):
+    frame = ChatFrame(tiny.tok)
+    traj = ConstructorRollout(ScriptedGenerator(tiny.tok, _gold_script(tiny)), tiny.tok).run(tiny.episodes[:1])[0]
+    row = gold_transcript(tiny.episodes[0], tiny.gold, frame)
+    assert row["input_ids"] == traj.prompt_ids + traj.response_ids
+    assert row["assistant_masks"] == [0] * len(traj.prompt_ids) + traj.loss_mask
+    assert row["num_turns"] == 2 and row["text"].startswith("<|im_start|>system\nYou are a knowledge graph")
+
+
+def test_an_invalid_turn_ends_the_episode_and_scores_zero(tiny):
+    script = lambda title, k: "I am not sure." if k == 0 else "[]"  # noqa: E731
+    t = ConstructorRollout(ScriptedGenerator(tiny.tok, script), tiny.tok).run(tiny.episodes[:1])[0]
+    assert t.stop_reason == "invalid" and not t.complete and len(t.turns) == 1
+    assert "expected a JSON array" in t.turns[0].error
+    s = index_score(tiny.episodes[0], t.turns, t.complete, _bag_of_words)
+    assert s.reward == 0.0 and s.components["valid"] == 0.0
+
+
+def test_empty_arrays_end_the_episode_unless_allowed(tiny):
+    empty = lambda title, k: "[]"  # noqa: E731
+    strict = ConstructorRollout(ScriptedGenerator(tiny.tok, empty), tiny.tok).run(tiny.episodes[:1])[0]
+    lenient = ConstructorRollout(ScriptedGenerator(tiny.tok, empty), tiny.tok, allow_empty=True).run(tiny.episodes[:1])[0]
+    assert strict.stop_reason == "invalid" and lenient.stop_reason == "done"
+    # A complete episode whose graph has no triples: recall 0, with the reason.
+    s = index_score(tiny.episodes[0], lenient.turns, True, _bag_of_words)
+    assert s.reward == 0.0 and "no triples" in s.reason
+
+
+def test_response_budget_ends_an_episode_before_the_next_document(tiny):
+    gen = ScriptedGenerator(tiny.tok, _gold_script(tiny))
+    t = ConstructorRollout(gen, tiny.tok, max_response_tokens=40).run(tiny.episodes[:1])[0]
+    assert t.stop_reason in ("response_limit", "invalid") and not t.complete
+    assert len(t.response_ids) <= 40
+
+
+def test_a_random_policy_never_breaks_the_rollout(tiny):
+    from ragrl.agent.generation import HFGenerator
+
+    gen = HFGenerator.from_pretrained(tiny.model_dir, dtype="float32")
+    trajs = ConstructorRollout(gen, tiny.tok, max_turn_tokens=12).run(tiny.episodes[:2], n=2, seed=1)
+    for t in trajs:
+        assert len(t.response_ids) == len(t.loss_mask) == len(t.turn_index) and t.stop_reason
+        assert index_score(tiny.episodes[t.prompt_index], t.turns, t.complete, _bag_of_words).reward == 0.0
+
+
+def _bag_of_words(texts):
+    """A deterministic stand-in for the sentence encoder: normalised word counts."""
+    words = [re.findall(r"\w+", t.lower()) for t in texts]
+    vocab = sorted({w for ws in words for w in ws})
+    out = np.array([[ws.count(w) for w in vocab] for ws in words], dtype=float) + 1e-9
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_episode_rewards_on_a_hand_made_episode():
+    docs = (Document("p1", "Ann Vole", "x"), Document("p2", "Kest", "y"), Document("p3", "Orra", "z"))
+    ep = Episode("q1", "Which company employs Ann Vole?", ("Brindle Co",), ("p1",), docs)
+    good = [parse_triples('[{"subject": "Ann Vole", "relation": "employer", "object": "Brindle Co"}]'),
+            parse_triples('[{"subject": "Kest", "relation": "country", "object": "Orra"}]'),
+            parse_triples('[{"subject": "Orra", "relation": "capital", "object": "Kest"}]')]
+    r_i = index_score(ep, good, True, _bag_of_words, k=1)
+    assert r_i.reward == 1.0 and r_i.components["repetition"] == 0.0
+    r_c = carrier_scores([ep], [(0, good, True), (0, good[1:], True), (0, good, False)], ConnectivityJudge())
+    assert [s.reward for s in r_c] == [1.0, 0.0, 0.0]
+    # Repeating the employer triple twice more: 2 of 5 repeat -> 1 - 0.4.
+    rep = good[:1] * 3 + good[1:]
+    assert carrier_scores([ep], [(0, rep, True)], ConnectivityJudge())[0].reward == pytest.approx(0.6)
+    spam = [parse_triples(triples_json([Triple("Ann Vole", "employer", "Brindle Co")] * 11))]
+    assert carrier_scores([Episode("q", ep.question, ep.golden_answers, ("p1",), docs[:1])], [(0, spam, True)],
+                          ConnectivityJudge())[0].reward == 0.0  # 10 of 11 repeat: > 0.9
+
+
+def test_method_is_registered_with_checked_options():
+    method = get_method("graph_constructor")
+    assert method.inputs == ("retriever",) and "gold" in method.sft_sources
+    recipe = parse_recipe({"env": "graph_constructor", "options": {"reward": "carrier", "allow_empty": True}}, "ag")
+    assert recipe.options.reward == "carrier" and recipe.reward == {"task": 1.0}
+    with pytest.raises(ValueError, match="reward must be one of"):
+        parse_recipe({"env": "graph_constructor", "options": {"reward": "both"}}, "ag")
+    with pytest.raises(ValueError, match="judge openai needs"):
+        parse_recipe({"env": "graph_constructor", "options": {"judge": "openai"}}, "ag")
+    env = method.make_environment(recipe, {})
+    with pytest.raises(NotImplementedError, match="ConstructorRollout"):
+        env.parse("[]")
+
+
+def test_gold_sft_through_the_method(tiny, tmp_path):
+    from ragrl.retrieval.searcher import PassageStore
+
+    class Passages:  # the part of a Searcher the environment reads (R_C needs no search)
+        passages = PassageStore(pq.read_table(tiny.root / "world/passages.parquet"))
+
+    qa = tmp_path / "qa.parquet"
+    pq.write_table(pq.read_table(tiny.root / "world/qa/train.parquet").slice(0, 6), qa)
+    recipe = parse_recipe({"env": "graph_constructor", "options": {
+        "reward": "carrier", "gold_triples": str(tiny.root / "world/kg/B/triples.parquet")}}, "ag")
+    method = get_method("graph_constructor")
+    env = method.make_environment(recipe, {"retriever": Passages()})
+    stats = method.gold_sft(recipe, qa, tiny.model_dir, env, {}, tmp_path / "sft.parquet")
+    rows = pq.read_table(tmp_path / "sft.parquet").to_pylist()
+    assert stats["total"] == 6 and stats["kept"] == len(rows) > 0
+    first = rows[0]
+    assert len(first["input_ids"]) == len(first["assistant_masks"])
+    trained = tiny.tok.decode([i for i, m in zip(first["input_ids"], first["assistant_masks"]) if m])
+    assert trained.startswith('[{"subject": ') and trained.endswith("<|im_end|>")
+
+
+# --------------------------------------------------------------------------- construct-kg
+
+
+class Killed(RuntimeError):
+    pass
+
+
+class CountingGenerator(ScriptedGenerator):
+    """Gold answers per title; raises `Killed` on the call after `die_after` calls, as a kill would
+    stop the job between two batches."""
+
+    def __init__(self, tok, script, die_after=None):
+        super().__init__(tok, script)
+        self.die_after = die_after
+
+    def generate(self, *args, **kwargs):
+        if self.die_after is not None and len(self.calls) >= self.die_after:
+            raise Killed("killed")
+        return super().generate(*args, **kwargs)
+
+
+def test_construct_kg_resumes_after_a_kill_and_writes_a_servable_kg(tiny, tmp_path):
+    from ragrl.kg.construct import ConstructSettings, construct_kg
+    from ragrl.kg.server import KGService
+    from ragrl.kg.store import load_kg
+
+    passages = tiny.root / "world/passages.parquet"
+    docs = tiny.world.passages[:10]
+    by_title = {p["title"]: p["id"] for p in docs}
+    script = lambda title, k: triples_json(tiny.gold.get(by_title[title], []))  # noqa: E731
+    settings = ConstructSettings(batch_size=4, limit=10)
+    out, work = tmp_path / "kg", tmp_path / "work"
+
+    with pytest.raises(Killed):
+        construct_kg(passages, tiny.model_dir, out, work, CountingGenerator(tiny.tok, script, die_after=2), tiny.tok,
+                     settings)
+    assert sorted(p.name for p in (work / "parts").iterdir()) == ["part-000000.parquet", "part-000001.parquet"]
+    assert not out.exists()  # nothing half-built
+
+    again = CountingGenerator(tiny.tok, script)
+    stats = construct_kg(passages, tiny.model_dir, out, work, again, tiny.tok, settings)
+    assert again.calls == [2]  # only the last batch (passages 8, 9) was generated
+    assert stats["passages"] == 10 and stats["generated_now"] == 2 and stats["invalid_passages"] == 0
+    built = pq.read_table(out / "triples.parquet").to_pylist()
+    expected = [{"head": t.subject, "relation": t.relation, "tail": t.object, "source_id": p["id"]}
+                for p in docs for t in tiny.gold.get(p["id"], [])]
+    assert sorted(built, key=str) == sorted(expected, key=str) and built
+
+    service = KGService(load_kg(out))  # what `ragrl serve-kg --kg <out>` serves
+    head = built[0]["head"]
+    reply = service.retrieve([{"action_type": "get_relations_out", "dataset_name": "kg", "sample_id": "x",
+                               "entity_id": head, "relation": None}])[0]
+    assert reply["status"] == "success" and built[0]["relation"] in reply["results"]
+
+
+def test_construct_kg_starts_over_when_the_settings_change(tiny, tmp_path):
+    from ragrl.kg.construct import ConstructSettings, construct_kg
+
+    passages = tiny.root / "world/passages.parquet"
+    bad = lambda title, k: "no triples here"  # noqa: E731
+    out, work = tmp_path / "kg", tmp_path / "work"
+    construct_kg(passages, tiny.model_dir, out, work, ScriptedGenerator(tiny.tok, bad), tiny.tok,
+                 ConstructSettings(batch_size=4, limit=4))
+    stats = construct_kg(passages, tiny.model_dir, out, work, ScriptedGenerator(tiny.tok, bad), tiny.tok,
+                         ConstructSettings(batch_size=2, limit=4))
+    assert stats["generated_now"] == 4 and stats["triples"] == 0 and stats["invalid_passages"] == 4
+    assert pq.read_table(out / "triples.parquet").num_rows == 0
