@@ -61,18 +61,27 @@ def hop_query(relation: str, head: str, key: str, seed: int = 0) -> str:
     return templates[zlib.crc32(f"{seed}:{key}".encode()) % len(templates)].format(h=head)
 
 
-def _fact(hop: Hop) -> str:
-    return RELATION_BY_KEY[hop.relation].sentences[0].format(h=hop.head, t=hop.tail)
+def _read(hop: Hop) -> str:
+    # What was just read, as the pretrained reader learnt to read: the passages, then "Question: …
+    # Answer: …" (ragrl.train.pretrain.reading_prompt). Right after an <information> block this
+    # is the lookup the base policy can already do; a restated fact sentence ("X was born in Y")
+    # made the policy pick the relation's wording first, and it picked wrong ones.
+    return f"Question: {hop.query}\nAnswer: {hop.tail}."
+
+
+def _just_read(plan: GoldPlan, turn: int) -> list[str]:
+    """What the previous turn's searches found (nothing before the first search)."""
+    return [_read(plan.hops[i]) for i in plan.turns[turn - 1]] if turn > 0 else []
 
 
 def search_text(plan: GoldPlan, turn: int, joiner: str = " | ") -> str:
     hops = [plan.hops[i] for i in plan.turns[turn]]
-    known = [_fact(plan.hops[i]) for t in plan.turns[:turn] for i in t]
+    known = _just_read(plan, turn)
     need = " and ".join(h.query for h in hops)
     thought = f"I need to find out: {need}" if not known else f"{' '.join(known)} Next I need to find out: {need}"
     return f"{THINK_OPEN}{thought}{THINK_CLOSE}\n{SEARCH_OPEN}{joiner.join(h.query for h in hops)}{SEARCH_CLOSE}"
 
 
 def answer_text(plan: GoldPlan) -> str:
-    facts = " ".join(_fact(h) for h in plan.hops)
+    facts = " ".join(_just_read(plan, len(plan.turns)))
     return f"{THINK_OPEN}{facts} So the answer is {plan.answer}.{THINK_CLOSE}\n{ANSWER_OPEN}{plan.answer}{ANSWER_CLOSE}"
