@@ -1,5 +1,5 @@
 # Knowledge bases in KnowRL's SQLite schema, one per entry of `kbs` (none in the default config:
-# an overlay such as config/test/knowrl_kb.yaml asks for them).
+# an overlay such as config/test/kb/knowrl_kb.yaml asks for them).
 
 
 rule kb:

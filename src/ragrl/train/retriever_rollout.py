@@ -64,8 +64,9 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         self._query_sample_ids = [str(s) for a, s in zip(actions, sample_ids) if a.kind == "search" for _ in a.queries]
         return super().respond(actions, reserved, sample_ids)
 
-    def _search(self, queries: list[str]) -> list[list[dict]]:
-        sids = self._query_sample_ids
+    def _search(self, queries: list[str], sample_ids: list[str | None] | None = None) -> list[list[dict]]:
+        # The base environment hands over each query's sample id; respond() has checked them.
+        sids = [str(s) for s in sample_ids] if sample_ids is not None else self._query_sample_ids
         states = [encoder_input(retrieval_state(self.questions[sid], self.history[sid], q, use_history=self.use_history),
                                 self.instruction, self.template) for sid, q in zip(sids, queries)]
         steps = retrieve(self.policy, self.index, states, pool_size=self.pool_size, k=self.topk, alpha=self.alpha,
