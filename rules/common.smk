@@ -19,7 +19,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (_SRC, os.environ.get("P
 from ragrl.config import config_errors  # noqa: E402
 from ragrl.methods import get_method  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
-from ragrl.recipe import parse_recipe  # noqa: E402
+from ragrl.recipe import HARR_RUNS, parse_harr, parse_recipe  # noqa: E402
 from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: E402
 from ragrl.retrieval.factory import factory_error  # noqa: E402
 
@@ -539,8 +539,8 @@ def all_outputs():
         corpus, hybrid = config["retrieval"]["corpus"], retrievers()[-1]
         outputs += [f"{RESULTS}/tables/retrieval_recall.md",
                     f"{RESULTS}/checks/retrieval_service_{corpus}_{hybrid}.json"]
-    outputs += eval_outputs() + run_manifests()
-    if eval_outputs():
+    outputs += eval_outputs() + run_manifests() + harr_eval_outputs() + harr_recall_outputs()
+    if eval_outputs() or harr_eval_outputs():
         outputs.append(f"{RESULTS}/ragrl.duckdb")
         outputs += [f"{RESULTS}/tables/{name}.md" for name in table_names()]
         outputs += [f"{RESULTS}/plots/metrics_{m}.png" for m in config["results"]["plot_metrics"]]
@@ -576,8 +576,141 @@ def constructor_model(wildcards, input):
     return policy_param(wildcards, input.model) if model == "policy" else model
 
 
+# ---------------------------------------------------------------- HARR (rules/harr.smk)
+# Jobs exist only when config names `harr` (overlay config/harr.yaml): filter -> train (HARR, and
+# the no-history ablation) -> evaluation of the frozen generator with the frozen / HARR /
+# no-history encoder -> the encoders' recall@k on multi-hop questions -> tables harr_*.
+
+
+def harr_settings():
+    return config.get("harr") or None
+
+
+def harr():
+    """config `harr`, parsed (every key checked against its dataclass)."""
+    return parse_harr(harr_settings())
+
+
+def harr_runs():
+    """Evaluated HARR run ids -> (trained encoder?, history-aware states?); none without `harr`."""
+    return dict(HARR_RUNS) if harr_settings() else {}
+
+
+def harr_trained_runs():
+    return [r for r, (trained, _) in harr_runs().items() if trained]
+
+
+def harr_json():
+    return recipe_json(harr().to_config())
+
+
+def harr_generator():
+    return runs()[harr_settings()["generator"]]
+
+
+def harr_generator_json():
+    gen = harr_generator()
+    return recipe_json(recipe_part(gen["recipe"], "eval", gen["settings"]))
+
+
+def harr_world_inputs():
+    """The generator's checkpoint, the dense index the encoder searches and its passages."""
+    corpus = config["retrieval"]["corpus"]
+    return {"generator": run_model_inputs(harr_settings()["generator"]),
+            "index": f"{dense_index_dir(corpus, harr_settings()['index'])}/meta.json",
+            "passages": passages_path(corpus)}
+
+
+def harr_generator_arg(wildcards, input):
+    model = harr_generator()["model"]
+    return policy_param(wildcards, input.generator) if model == policy_dir() else input.generator[0]
+
+
+def harr_history_flag(run):
+    return "--history" if harr_runs()[run][1] else "--no-history"
+
+
+def harr_encoder_inputs(wildcards):
+    # The trained runs read their merged encoder; the frozen run the index's own encoder.
+    return {"encoder": f"{RESULTS}/harr/train/{wildcards.run}/final/state.json"} if harr_runs()[wildcards.run][0] else {}
+
+
+def harr_encoder_args(wildcards, input):
+    return ["--encoder", os.path.join(os.path.dirname(input.encoder), "encoder")] if "encoder" in input.keys() else []
+
+
+def harr_eval_outputs():
+    if not harr_settings():
+        return []
+    return [f"{RESULTS}/harr/eval/{run}/{d}/metrics.json" for run in harr_runs() for d in harr_settings()["eval_datasets"]]
+
+
+def harr_recall_outputs():
+    if not harr_settings():
+        return []
+    return [f"{RESULTS}/harr/recall/{run}/{d}/metrics.json" for run in harr_runs() for d in harr_settings()["eval_datasets"]]
+
+
+def harr_manifests():
+    return [f"{RESULTS}/harr/runs/{run}/run.json" for run in harr_runs()]
+
+
+def harr_train_logs():
+    # Named by run id: the results database files a training log under its directory's name.
+    return [f"{RESULTS}/harr/train/{run}/train_log.jsonl" for run in harr_trained_runs()]
+
+
+def harr_tables():
+    """Tables harr_em / harr_f1 (frozen vs HARR vs no-history, 95% intervals) and harr_recall /
+    harr_all (the encoders' recall@k and all@k on the multi-hop questions, k = environment.topk)."""
+    if not harr_settings():
+        return []
+    parsed = harr()
+    k = parsed.environment.topk if parsed.environment.topk in parsed.recall_k else max(parsed.recall_k)
+    rows, evals = list(harr_runs()), list(parsed.eval_datasets)
+    multihop = [f"{d}_multihop" for d in evals]
+    return [
+        {"name": "harr_em", "title": "HARR: the frozen generator with each query encoder (exact match)", "metric": "em",
+         "runs": rows, "datasets": evals},
+        {"name": "harr_f1", "title": "HARR: the frozen generator with each query encoder (F1)", "metric": "f1",
+         "runs": rows, "datasets": evals},
+        {"name": "harr_recall", "title": f"HARR: query encoders' recall@{k} on multi-hop questions",
+         "metric": f"recall@{k}", "runs": rows, "datasets": multihop},
+        {"name": "harr_all", "title": f"HARR: query encoders' all@{k} (every supporting passage) on multi-hop questions",
+         "metric": f"all@{k}", "runs": rows, "datasets": multihop},
+    ]
+
+
+def _check_harr():
+    if not harr_settings():
+        return
+    try:
+        parsed = harr()
+    except (ValueError, TypeError) as exc:
+        raise WorkflowError(f"invalid config:\n  {exc}") from None
+    errors = []
+    if parsed.generator not in runs():
+        errors.append(f"config key 'harr.generator': '{parsed.generator}' is not an evaluated run {sorted(runs())}")
+    elif "retriever" not in method_of(harr_generator()["settings"]).inputs:
+        errors.append(f"config key 'harr.generator': run '{parsed.generator}' does not search (its method reads no retriever)")
+    if parsed.index not in config["retrieval"]["indexes"]:
+        errors.append(f"config key 'harr.index': '{parsed.index}' is not a dense index of retrieval.indexes "
+                      f"{sorted(config['retrieval']['indexes'])}")
+    for field, name in [("train_dataset", parsed.train_dataset)] + [(f"eval_datasets[{i}]", d)
+                                                                   for i, d in enumerate(parsed.eval_datasets)]:
+        if name not in config["datasets"]:
+            errors.append(f"config key 'harr.{field}': '{name}' is not a key of datasets")
+    if errors:
+        raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+    # The harr_* tables join the configured ones (an overlay cannot append to a list).
+    known = {t["name"] for t in config["results"]["tables"]}
+    config["results"]["tables"] += [t for t in harr_tables() if t["name"] not in known]
+
+
+
 _check_models()
 _check_recipes()
 _check_references()
 _check_sft_routes()
 _check_index_factories()
+_check_harr()

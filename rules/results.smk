@@ -4,11 +4,11 @@
 
 rule results_db:
     input:
-        runs=run_manifests(),
-        evals=eval_outputs(),
-        predictions=[p.replace("metrics.json", "predictions.parquet") for p in eval_outputs()],
+        runs=run_manifests() + harr_manifests(),
+        evals=eval_outputs() + harr_eval_outputs() + harr_recall_outputs(),
+        predictions=[p.replace("metrics.json", "predictions.parquet") for p in eval_outputs() + harr_eval_outputs()],
         # Named by run id (<recipe>_rl): the database files a training log under its run.
-        train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]],
+        train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]] + harr_train_logs(),
     output:
         f"{RESULTS}/ragrl.duckdb",
     params:

@@ -227,3 +227,66 @@ def stage_keys() -> dict[str, tuple[str, ...]]:
 
     return {"rollout": names(RolloutConfig), "sft": names(SFTArgs) + SFT_EXTRA_KEYS,
             "rl": names(RLConfig) + RL_EXTRA_KEYS}
+
+
+# --- HARR (config `harr:`): the retriever is the policy, a trained agent run is the frozen generator.
+
+HARR_KEYS = ("generator", "index", "train_dataset", "eval_datasets", "filter", "filter_limit", "recall_k",
+             "environment", "encoder", "train")
+# The evaluated runs: the frozen encoder, HARR's encoder (history-aware states), and the ablation
+# trained and evaluated on the query alone. run id -> (trained?, history-aware states?)
+HARR_RUNS = {"harr_frozen": (False, False), "harr": (True, True), "harr_no_history": (True, False)}
+
+
+@dataclass(frozen=True)
+class HarrRecipe:
+    generator: str
+    index: str
+    train_dataset: str
+    eval_datasets: tuple[str, ...]
+    environment: Any
+    encoder: Any
+    train: Any
+    filter: bool = True
+    filter_limit: int | None = None
+    recall_k: tuple[int, ...] = (1, 3, 5)
+
+    def to_config(self) -> dict:
+        return {"generator": self.generator, "index": self.index, "train_dataset": self.train_dataset,
+                "eval_datasets": list(self.eval_datasets), "filter": self.filter, "filter_limit": self.filter_limit,
+                "recall_k": list(self.recall_k), "environment": dataclasses.asdict(self.environment),
+                "encoder": dataclasses.asdict(self.encoder), "train": dataclasses.asdict(self.train)}
+
+
+def parse_harr(raw: str | dict, key: str = "harr") -> HarrRecipe:
+    """HARR's settings, every key of every section checked against its dataclass (ragrl.settings)."""
+    from ragrl.settings import EncoderTraining, HarrEnvironment, RetrieverTrainConfig
+
+    data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    unknown = sorted(set(data) - set(HARR_KEYS))
+    if unknown:
+        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(HARR_KEYS)}")
+    for name in ("generator", "index", "train_dataset"):
+        if not isinstance(data.get(name), str) or not data[name]:
+            raise ValueError(f"config key '{key}.{name}': a name is required, got {data.get(name)!r}")
+    evals = data.get("eval_datasets") or []
+    if not isinstance(evals, list) or not evals or not all(isinstance(d, str) and d for d in evals):
+        raise ValueError(f"config key '{key}.eval_datasets': a non-empty list of dataset names, got {evals!r}")
+    ks = data.get("recall_k", [1, 3, 5])
+    if not isinstance(ks, list) or not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1
+                                                     for k in ks):
+        raise ValueError(f"config key '{key}.recall_k': a non-empty list of integers >= 1, got {ks!r}")
+    limit = data.get("filter_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"config key '{key}.filter_limit': an integer >= 1 or null, got {limit!r}")
+    if not isinstance(data.get("filter", True), bool):
+        raise ValueError(f"config key '{key}.filter': true or false, got {data['filter']!r}")
+    encoder = _section(data, "encoder", key)
+    if isinstance(encoder.get("lora_target_modules"), list):
+        encoder["lora_target_modules"] = tuple(encoder["lora_target_modules"])
+    return HarrRecipe(
+        generator=data["generator"], index=data["index"], train_dataset=data["train_dataset"],
+        eval_datasets=tuple(evals), filter=data.get("filter", True), filter_limit=limit, recall_k=tuple(ks),
+        environment=_build(HarrEnvironment, _section(data, "environment", key), f"{key}.environment"),
+        encoder=_build(EncoderTraining, encoder, f"{key}.encoder"),
+        train=_build(RetrieverTrainConfig, _section(data, "train", key), f"{key}.train"))

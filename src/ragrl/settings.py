@@ -141,3 +141,79 @@ class RLConfig:
         if unknown:
             raise ValueError(f"unknown RLConfig keys: {sorted(unknown)}")
         return cls(**values)
+
+
+# --- HARR: RL for the retriever's query encoder (docs/HARR.md) ------------------------------------
+
+# peft's "all-linear" skips only an LM output layer; a sentence-transformers BERT-style encoder has
+# none, so it targets every projection.
+ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True)
+class EncoderTraining:
+    """How the query encoder is trained: fully, or through LoRA adapters (HARR: r 32, alpha 64)."""
+
+    lora: bool = True
+    lora_r: int = 32
+    lora_alpha: int = 64
+    lora_target_modules: str | tuple[str, ...] = ALL_LINEAR
+    max_length: int | None = None  # None: the model's own max_seq_length
+
+    def __post_init__(self) -> None:
+        if self.lora and (self.lora_r < 1 or self.lora_alpha <= 0 or not self.lora_target_modules):
+            raise ValueError(f"LoRA needs lora_r >= 1, lora_alpha > 0 and target modules; got {self}")
+
+
+@dataclass(frozen=True)
+class RetrieverTrainConfig:
+    """HARR's settings (their train_*_0.6b.sh): 100 steps of 16 questions x G 8, lr 1e-5 constant,
+    clip 0.2, beta 0, alpha 0.05; k and K live with the environment."""
+
+    steps: int = 100
+    questions_per_step: int = 16
+    group_size: int = 8
+    lr: float = 1e-5
+    clip_eps: float = 0.2
+    alpha: float = 0.05
+    max_grad_norm: float | None = 1.0
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "questions_per_step", "group_size", "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"HARR training: {name}={getattr(self, name)} must be >= 1")
+        if self.group_size < 2:
+            raise ValueError("HARR training: group_size must be >= 2 (a group advantage needs a group)")
+        if not (self.lr > 0 and self.alpha > 0 and self.clip_eps > 0):
+            raise ValueError(f"HARR training: lr, alpha and clip_eps must be > 0 (got {self})")
+
+
+@dataclass(frozen=True)
+class HarrEnvironment:
+    """The retrieval environment of HARR: pool K, k drawn, and the encoder's query text.
+
+    `template` is the query prompt ("Instruct: {instruction}\\n{state}" for Qwen3-Embedding, "{state}"
+    for a model trained without instructions such as all-MiniLM-L6-v2); `instruction` None takes the
+    authors' instruction for the state kind (ragrl.retrieval.query_state.default_instruction).
+    `generator_temperature` 0 decodes the frozen generator greedily, so an answer's F1 varies only
+    with what the stochastic retrieval returned.
+    """
+
+    topk: int = 3
+    pool_size: int = 30
+    template: str = "Instruct: {instruction}\n{state}"
+    instruction: str | None = None
+    generator_temperature: float = 0.0
+    rollout_batch_questions: int = 8  # questions per rollout call in the filter (G rollouts each)
+
+    def __post_init__(self) -> None:
+        if self.topk < 1 or self.pool_size < self.topk:
+            raise ValueError(f"HARR environment: need 1 <= topk <= pool_size, got topk={self.topk}, "
+                             f"pool_size={self.pool_size}")
+        if "{state}" not in self.template:
+            raise ValueError(f"HARR environment: template {self.template!r} has no {{state}} placeholder")
+        if self.generator_temperature < 0 or self.rollout_batch_questions < 1:
+            raise ValueError("HARR environment: generator_temperature must be >= 0 and rollout_batch_questions >= 1")

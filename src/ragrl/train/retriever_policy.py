@@ -33,27 +33,10 @@ import numpy as np
 import torch
 
 from ragrl.retrieval import plackett_luce as pl
+from ragrl.settings import ALL_LINEAR, EncoderTraining  # noqa: F401  (stdlib settings, re-exported)
 
-# sentence-transformers' Transformer module on a BERT-style encoder has no "all-linear" head to
-# exclude, and peft's "all-linear" skips only the LM output layer, so it targets every projection.
-ALL_LINEAR = "all-linear"
 # Query texts are padded to a multiple of this many tokens (see QueryEncoderPolicy.forward).
 PAD_BUCKET = 16
-
-
-@dataclass(frozen=True)
-class EncoderTraining:
-    """How the query encoder is trained: fully, or through LoRA adapters (HARR: r 32, alpha 64)."""
-
-    lora: bool = True
-    lora_r: int = 32
-    lora_alpha: int = 64
-    lora_target_modules: str | tuple[str, ...] = ALL_LINEAR
-    max_length: int | None = None  # None: the model's own max_seq_length
-
-    def __post_init__(self) -> None:
-        if self.lora and (self.lora_r < 1 or self.lora_alpha <= 0 or not self.lora_target_modules):
-            raise ValueError(f"LoRA needs lora_r >= 1, lora_alpha > 0 and target modules; got {self}")
 
 
 class QueryEncoderPolicy(torch.nn.Module):

@@ -20,7 +20,7 @@ import json
 import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,37 +28,12 @@ import torch
 
 from ragrl.io import atomic_dir, atomic_path, write_json
 from ragrl.progress import progress
+from ragrl.settings import RetrieverTrainConfig  # noqa: F401  (stdlib settings, re-exported)
 from ragrl.train.retriever_grpo import Trajectory, update
 from ragrl.train.rl import prompt_indices
 
 _STEP = re.compile(r"^step-(\d+)$")
 STATE = "state.json"
-
-
-@dataclass(frozen=True)
-class RetrieverTrainConfig:
-    """HARR's settings (their train_*_0.6b.sh): 100 steps of 16 questions x G 8, lr 1e-5 constant,
-    clip 0.2, beta 0, alpha 0.05; k and K live with the environment."""
-
-    steps: int = 100
-    questions_per_step: int = 16
-    group_size: int = 8
-    lr: float = 1e-5
-    clip_eps: float = 0.2
-    alpha: float = 0.05
-    max_grad_norm: float | None = 1.0
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "questions_per_step", "group_size", "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"HARR training: {name}={getattr(self, name)} must be >= 1")
-        if self.group_size < 2:
-            raise ValueError("HARR training: group_size must be >= 2 (a group advantage needs a group)")
-        if not (self.lr > 0 and self.alpha > 0 and self.clip_eps > 0):
-            raise ValueError(f"HARR training: lr, alpha and clip_eps must be > 0 (got {self})")
 
 
 RolloutFn = Callable[[Sequence[Mapping[str, Any]], int], list[Trajectory]]

@@ -1,0 +1,161 @@
+# HARR (docs/HARR.md): RL for the dense retriever's query encoder. A trained agent run (config
+# harr.generator) is the frozen generator and the corpus with its unchanged FAISS index the
+# environment: filter the training questions -> train the encoder (history-aware states, and the
+# query-only ablation) -> evaluate the frozen generator with the frozen / HARR / no-history encoder
+# (deterministic top-k) -> the encoders' recall@k on multi-hop questions -> tables harr_*. Jobs
+# exist only when config names `harr` (overlay config/harr.yaml).
+
+
+rule harr_filter:
+    input:
+        unpack(lambda wc: harr_world_inputs()),
+        qa=lambda wc: qa_path(harr_settings()["train_dataset"]),
+    output:
+        kept=f"{RESULTS}/harr/filter/kept.parquet",
+        stats=f"{RESULTS}/harr/filter/kept.stats.json",
+    params:
+        recipe=lambda wc: harr_generator_json(),
+        name=lambda wc: harr_generator()["recipe"],
+        harr=lambda wc: harr_json(),
+        generator=harr_generator_arg,
+        index=lambda wc, input: os.path.dirname(input.index),
+    log:
+        "logs/harr/filter.log",
+    benchmark:
+        "benchmarks/harr/filter.tsv"
+    threads: rule_threads("harr_filter")
+    resources:
+        **rule_resources("harr_filter"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl harr-filter --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
+        " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
+        " --threads {threads} --out {output.kept:q} > {log:q} 2>&1"
+
+
+rule harr_train:
+    input:
+        unpack(lambda wc: harr_world_inputs()),
+        qa=f"{RESULTS}/harr/filter/kept.parquet",
+    output:
+        # Only the finished artefacts are outputs: checkpoints under the run's directory survive a
+        # killed job (Snakemake deletes a failed job's outputs), so a re-run resumes from them.
+        final=f"{RESULTS}/harr/train/{{run}}/final/state.json",
+        log=f"{RESULTS}/harr/train/{{run}}/train_log.jsonl",
+    params:
+        recipe=lambda wc: harr_generator_json(),
+        name=lambda wc: harr_generator()["recipe"],
+        harr=lambda wc: harr_json(),
+        generator=harr_generator_arg,
+        index=lambda wc, input: os.path.dirname(input.index),
+        history=lambda wc: harr_history_flag(wc.run),
+        out=lambda wc, output: os.path.dirname(output.log),
+    log:
+        "logs/harr/train/{run}.log",
+    benchmark:
+        "benchmarks/harr/train/{run}.tsv"
+    wildcard_constraints:
+        run="harr|harr_no_history",
+    threads: rule_threads("harr_train")
+    resources:
+        **rule_resources("harr_train"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl harr-train --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
+        " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
+        " --threads {threads} {params.history} --out-dir {params.out:q} > {log:q} 2>&1"
+
+
+rule harr_eval:
+    input:
+        unpack(lambda wc: harr_world_inputs()),
+        unpack(harr_encoder_inputs),
+        qa=lambda wc: qa_path(wc.dataset),
+    output:
+        predictions=f"{RESULTS}/harr/eval/{{run}}/{{dataset}}/predictions.parquet",
+        metrics=f"{RESULTS}/harr/eval/{{run}}/{{dataset}}/metrics.json",
+    params:
+        recipe=lambda wc: harr_generator_json(),
+        name=lambda wc: harr_generator()["recipe"],
+        harr=lambda wc: harr_json(),
+        generator=harr_generator_arg,
+        index=lambda wc, input: os.path.dirname(input.index),
+        encoder=harr_encoder_args,
+        history=lambda wc: harr_history_flag(wc.run),
+        max_questions=config["evaluation"]["max_questions"] or 0,
+        batch_size=config["evaluation"]["batch_size"],
+        out=lambda wc, output: os.path.dirname(output.metrics),
+    log:
+        "logs/harr/eval/{run}/{dataset}.log",
+    benchmark:
+        "benchmarks/harr/eval/{run}/{dataset}.tsv"
+    wildcard_constraints:
+        run="harr_frozen|harr|harr_no_history",
+    threads: rule_threads("harr_eval")
+    resources:
+        **rule_resources("harr_eval"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl harr-eval --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
+        " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
+        " --threads {threads} {params.history} {params.encoder:q} --run-id {wildcards.run:q}"
+        " --dataset {wildcards.dataset:q} --max-questions {params.max_questions:q} --batch-size {params.batch_size:q}"
+        " --out {params.out:q} > {log:q} 2>&1"
+
+
+rule harr_recall:
+    input:
+        unpack(harr_encoder_inputs),
+        index=lambda wc: harr_world_inputs()["index"],
+        passages=lambda wc: harr_world_inputs()["passages"],
+        qa=lambda wc: qa_path(wc.dataset),
+    output:
+        f"{RESULTS}/harr/recall/{{run}}/{{dataset}}/metrics.json",
+    params:
+        harr=lambda wc: harr_json(),
+        index=lambda wc, input: os.path.dirname(input.index),
+        encoder=harr_encoder_args,
+        history=lambda wc: harr_history_flag(wc.run),
+    log:
+        "logs/harr/recall/{run}/{dataset}.log",
+    benchmark:
+        "benchmarks/harr/recall/{run}/{dataset}.tsv"
+    wildcard_constraints:
+        run="harr_frozen|harr|harr_no_history",
+    threads: rule_threads("harr_recall")
+    resources:
+        **rule_resources("harr_recall"),
+    conda:
+        "../envs/train.yaml"
+    shell:
+        "python -m ragrl harr-recall --harr {params.harr:q} --index {params.index:q} --passages {input.passages:q}"
+        " --qa {input.qa:q} --threads {threads} {params.history} {params.encoder:q} --run-id {wildcards.run:q}"
+        " --dataset {wildcards.dataset:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule harr_manifest:
+    output:
+        f"{RESULTS}/harr/runs/{{run}}/run.json",
+    params:
+        model=config["models"]["embedding"],
+        settings=lambda wc: recipe_json({"harr": harr().to_config(), "run": wc.run,
+                                         "generator": run_definition(harr_settings()["generator"]),
+                                         "world": config["world"]}),
+        seeds=lambda wc: recipe_json({"world": config["world"]["seed"], "train": harr().train.seed}),
+    log:
+        "logs/harr/manifest/{run}.log",
+    benchmark:
+        "benchmarks/harr/manifest/{run}.tsv"
+    wildcard_constraints:
+        run="harr_frozen|harr|harr_no_history",
+    threads: 1
+    resources:
+        **rule_resources("run_manifest"),
+    conda:
+        "../envs/core.yaml"
+    shell:
+        "python -m ragrl run-manifest --run-id {wildcards.run:q} --recipe-name harr --model {params.model:q}"
+        " --stage {wildcards.run:q} --settings {params.settings:q} --seeds {params.seeds:q} --out {output:q} > {log:q} 2>&1"

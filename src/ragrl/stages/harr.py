@@ -1,0 +1,285 @@
+"""HARR's stages (docs/HARR.md): filter the training questions, train the query encoder, evaluate a
+frozen generator with an encoder, and the encoders' retrieval recall@k on multi-hop questions.
+
+Each function is what one CLI command (one Snakemake rule) runs. The frozen generator is a trained
+agent run's checkpoint with its recipe's rollout settings (HF backend); every `<search>` goes
+through ragrl.train.retriever_rollout.HistoryAwareSearchEnvironment over the unchanged FAISS index.
+The generator decodes at `environment.generator_temperature` (0: greedy), so the only randomness
+in training is the Plackett-Luce draw of the retrieval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ragrl.recipe import HarrRecipe, Recipe
+
+
+def set_threads(n: int) -> None:
+    """One OpenMP pool size for torch and FAISS: with their default pools, alternating small calls
+    on a shared 2-core machine ran 100x slower (docs/HARR.md, "Threads")."""
+    import faiss
+    import torch
+
+    n = max(1, int(n))
+    torch.set_num_threads(n)
+    faiss.omp_set_num_threads(n)
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampler seed of training step `step`: a function of (seed, step) alone, so a run resumed
+    at step N draws what the killed run would have drawn (63 bits, stable across Python runs)."""
+    digest = hashlib.sha256(f"harr:{int(seed)}:{int(step)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def multihop_recall(ranked: Sequence[Sequence[str]], supporting: Sequence[Sequence[str]],
+                    ks: Sequence[int]) -> dict[str, list[float]]:
+    """Per-question recall@k and all@k over the questions with more than one supporting passage
+    (the multi-hop ones), for each k: {"recall@k": [...], "all@k": [...]} (pure)."""
+    from ragrl.retrieval.evaluate import support_scores
+
+    out: dict[str, list[float]] = {f"{m}@{k}": [] for k in ks for m in ("recall", "all")}
+    for ids, gold in zip(ranked, supporting, strict=True):
+        if len(set(gold)) < 2:
+            continue
+        for k in ks:
+            scores = support_scores(list(ids), list(gold), k)
+            out[f"recall@{k}"].append(scores["recall"])
+            out[f"all@{k}"].append(scores["all"])
+    return out
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _World:
+    index: Any
+    meta: dict
+    passages: Any
+
+
+def _world(index_dir: Path, passages: Path) -> _World:
+    from ragrl.retrieval.searcher import PassageStore
+    from ragrl.train.retriever_policy import load_index_with_meta
+
+    index, meta = load_index_with_meta(index_dir)
+    store = PassageStore.from_parquet(passages)
+    if len(store) != index.ntotal:
+        raise ValueError(f"{passages} holds {len(store)} passages, the index {index_dir} {index.ntotal} vectors")
+    return _World(index, meta, store)
+
+
+def _encoder_info(meta: Mapping[str, Any]) -> dict:
+    return dict(meta.get("encoder") or meta)
+
+
+def _policy(meta: Mapping[str, Any], harr: HarrRecipe, encoder: Path | None, trainable: bool):
+    """The query encoder: the index's own (frozen or to be trained) or a trained one (a merged
+    sentence-transformers directory, used frozen)."""
+    from ragrl.settings import EncoderTraining
+    from ragrl.train.retriever_policy import QueryEncoderPolicy
+
+    info = _encoder_info(meta)
+    if encoder is not None:
+        info = {**info, "model": str(encoder)}
+    training = harr.encoder if trainable else EncoderTraining(lora=False, max_length=harr.encoder.max_length)
+    policy = QueryEncoderPolicy(info, training, device="cpu")
+    if not trainable:
+        for p in policy.parameters():
+            p.requires_grad_(False)
+    return policy
+
+
+def _engine(recipe: Recipe, harr: HarrRecipe, generator_model: Path, env):
+    from ragrl.agent.generation import HFGenerator
+    from ragrl.agent.rollout import RolloutEngine
+
+    started = time.monotonic()
+    hf = HFGenerator.from_pretrained(generator_model, device="cpu")
+    print(f"[harr] generator {generator_model} loaded in {time.monotonic() - started:.1f}s", flush=True)
+    cfg = dataclasses.replace(recipe.rollout, temperature=harr.environment.generator_temperature, n=1)
+    return RolloutEngine(hf, hf.tokenizer, env, cfg)
+
+
+def _env(policy, world: _World, harr: HarrRecipe, *, use_history: bool, stochastic: bool, seed: int):
+    from ragrl.train.retriever_rollout import HistoryAwareSearchEnvironment
+
+    e = harr.environment
+    return HistoryAwareSearchEnvironment(policy, world.index, world.passages, topk=e.topk, pool_size=e.pool_size,
+                                         alpha=harr.train.alpha, use_history=use_history, instruction=e.instruction,
+                                         template=e.template, stochastic=stochastic, seed=seed)
+
+
+def _rows(qa: Path, limit: int | None = None) -> list[dict]:
+    from ragrl.io import read_columns
+
+    table = read_columns(qa, ["id", "question", "golden_answers"], optional=("metadata", "supporting_ids"))
+    if limit is not None:
+        table = table.slice(0, limit)
+    return table.to_pylist()
+
+
+# --- the stages -----------------------------------------------------------------------------------
+
+
+def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: Path,
+                 out: Path) -> dict:
+    """HARR's training filter: G stochastic rollouts of each question with the initial encoder
+    (history-aware states); keep the questions whose answer F1 varies. Writes the kept QA rows
+    to `out` and their statistics next to it (`<out stem>.stats.json`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragrl.io import write_json, write_parquet
+    from ragrl.progress import progress
+    from ragrl.train.retriever_grpo import filter_questions
+    from ragrl.train.retriever_rollout import rollout_groups
+
+    rows = _rows(qa, harr.filter_limit)
+    group = harr.train.group_size
+    f1s: dict[str, list[float]] = {}
+    if harr.filter:
+        world = _world(index_dir, passages)
+        env = _env(_policy(world.meta, harr, None, trainable=False), world, harr, use_history=True, stochastic=True,
+                   seed=step_seed(harr.train.seed, 0))
+        engine = _engine(recipe, harr, generator, env)
+        per = harr.environment.rollout_batch_questions
+        batches = [rows[i : i + per] for i in range(0, len(rows), per)]
+        for b, batch in enumerate(progress(batches, desc="HARR filter", unit="batch")):
+            for t in rollout_groups(engine, env, batch, group, seed=step_seed(harr.train.seed, -1 - b)):
+                f1s.setdefault(t.question_id, []).append(t.reward)
+        kept = set(filter_questions(f1s, group))
+    else:
+        kept = {str(r["id"]) for r in rows}
+    table = pq.read_table(qa)
+    ids = [str(i) for i in table.column("id").to_pylist()]
+    order = [i for i, q in enumerate(ids) if q in kept]
+    write_parquet(table.take(pa.array(order, type=pa.int64())), out)
+    mean = [sum(v) / len(v) for v in f1s.values()]
+    stats = {"questions": len(rows), "kept": len(order), "group_size": group, "filter": harr.filter,
+             "mean_f1": (sum(mean) / len(mean)) if mean else None,
+             "any_f1_share": (sum(1 for v in f1s.values() if max(v) > 0) / len(f1s)) if f1s else None}
+    write_json(stats, out.with_name(out.stem + ".stats.json"))
+    print(f"[harr] filter: kept {stats['kept']} of {stats['questions']} questions (G={group}); {stats}", flush=True)
+    if not order:
+        raise ValueError(f"the filter kept no question of {len(rows)}: no rollout group's F1 varied, so GRPO has "
+                         "no advantage to learn from; use a generator whose answers depend on what it retrieves, "
+                         "more questions (harr.filter_limit), or harr.filter: false")
+    return stats
+
+
+def train_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: Path,
+                out_dir: Path, *, use_history: bool) -> Path:
+    """train_retriever with rollout_groups as its rollout callback; the sampler is reseeded from
+    (seed, step) before each step's rollouts, so a resumed run repeats the same draws. Returns
+    out_dir/final (merged encoder in final/encoder)."""
+    from ragrl.train.retriever_rollout import rollout_groups
+    from ragrl.train.retriever_train import train_retriever
+
+    rows = _rows(qa)
+    world = _world(index_dir, passages)
+    policy = _policy(world.meta, harr, None, trainable=True)
+    env = _env(policy, world, harr, use_history=use_history, stochastic=True, seed=harr.train.seed)
+    engine = _engine(recipe, harr, generator, env)
+    timing = {"rollout_s": 0.0}
+
+    def rollout(batch, step):
+        seed = step_seed(harr.train.seed, step)
+        env.generator.manual_seed(seed)
+        started = time.monotonic()
+        out = rollout_groups(engine, env, batch, harr.train.group_size, seed=seed)
+        timing["rollout_s"] = time.monotonic() - started
+        rewards = [t.reward for t in out]
+        print(f"[harr] step {step}: {len(batch)} questions x G {harr.train.group_size}, reward mean "
+              f"{sum(rewards) / max(1, len(rewards)):.3f}, {sum(len(t.steps) for t in out)} retrieval steps, "
+              f"rollout {timing['rollout_s']:.1f}s", flush=True)
+        return out
+
+    print(f"[harr] training the query encoder on {len(rows)} questions, history={use_history}: {harr.train}",
+          flush=True)
+    final = train_retriever(policy, world.index, rows, rollout, out_dir, harr.train)
+    print(f"[harr] final encoder: {final / 'encoder'}", flush=True)
+    return final
+
+
+def _predictions(engine, env, rows: Sequence[dict], batch_size: int, desc: str) -> list[dict]:
+    from ragrl.eval.evaluate import prediction_record
+    from ragrl.progress import progress
+
+    out: list[dict] = []
+    batches = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
+    for batch in progress(batches, desc=desc, unit="batch"):
+        ids = [str(r["id"]) for r in batch]
+        env.begin({sid: str(r["question"]) for sid, r in zip(ids, batch)})
+        trajs = engine.run_questions([r["question"] for r in batch], n=1, sample_ids=ids)
+        out += [prediction_record(r, t, env.spec.tools) for r, t in zip(batch, trajs, strict=True)]
+    return out
+
+
+def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: Path,
+               out_dir: Path, *, run_id: str, dataset: str, encoder: Path | None, use_history: bool,
+               max_questions: int | None = None, batch_size: int = 32) -> dict:
+    """The frozen generator with `encoder` (None: the index's own) in deterministic top-k mode:
+    predictions.parquet and metrics.json, as `ragrl eval` writes them."""
+    import pyarrow as pa
+
+    from ragrl.eval.evaluate import PREDICTION_SCHEMA, summarize
+    from ragrl.io import write_json, write_parquet
+
+    rows = _rows(qa, max_questions)
+    world = _world(index_dir, passages)
+    env = _env(_policy(world.meta, harr, encoder, trainable=False), world, harr, use_history=use_history,
+               stochastic=False, seed=0)
+    engine = _engine(recipe, harr, generator, env)
+    predictions = _predictions(engine, env, rows, batch_size, f"harr eval {run_id}/{dataset}")
+    metrics = summarize(predictions, run_id, dataset)
+    write_parquet(pa.Table.from_pylist(predictions, schema=PREDICTION_SCHEMA), out_dir / "predictions.parquet")
+    write_json(metrics, out_dir / "metrics.json")
+    shown = " ".join(f"{k}={v:.4f}" for k, v in metrics["metrics"].items() if v is not None)
+    print(f"[harr] eval {run_id}/{dataset}: n={metrics['n']} {shown}", flush=True)
+    return metrics
+
+
+def recall_stage(harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, out: Path, *, run_id: str,
+                 dataset: str, encoder: Path | None, use_history: bool, batch_size: int = 64) -> dict:
+    """recall@k and all@k of the encoder's top-k for the multi-hop questions (more than one
+    supporting passage), each question's own text as the query (its first hop's state: no history
+    yet). Written as a metrics.json of dataset `<dataset>_multihop`, so the results database files it."""
+    import numpy as np
+
+    from ragrl.eval.evaluate import bootstrap_ci
+    from ragrl.io import write_json
+    from ragrl.retrieval.query_state import default_instruction, encoder_input, retrieval_state
+
+    rows = [r for r in _rows(qa) if len(set(r.get("supporting_ids") or [])) > 1]
+    if not rows:
+        raise ValueError(f"{qa}: no question with more than one supporting passage; multi-hop recall cannot be measured")
+    world = _world(index_dir, passages)
+    policy = _policy(world.meta, harr, encoder, trainable=False)
+    e = harr.environment
+    instruction = default_instruction(use_history) if e.instruction is None else e.instruction
+    kmax = max(harr.recall_k)
+    ranked: list[list[str]] = []
+    for i in range(0, len(rows), batch_size):
+        batch = rows[i : i + batch_size]
+        states = [encoder_input(retrieval_state(str(r["question"]), [], str(r["question"]), use_history=use_history),
+                                instruction, e.template) for r in batch]
+        q = np.ascontiguousarray(policy.encode(states).cpu().numpy(), dtype=np.float32)
+        _, idx = world.index.search(q, kmax)
+        for row in idx:
+            ranked.append([pid for pid, _, _ in world.passages.rows([int(j) for j in row if j >= 0])])
+    values = multihop_recall(ranked, [list(r["supporting_ids"]) for r in rows], harr.recall_k)
+    metrics = {k: float(np.mean(v)) for k, v in values.items()}
+    report = {"run_id": run_id, "dataset": f"{dataset}_multihop", "n": len(rows), "metrics": metrics,
+              "ci95": {k: bootstrap_ci(v) for k, v in values.items()}}
+    write_json(report, out)
+    print(f"[harr] recall {run_id}/{dataset}: n={len(rows)} "
+          + " ".join(f"{k}={v:.3f}" for k, v in metrics.items()), flush=True)
+    return report

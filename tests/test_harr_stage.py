@@ -1,0 +1,106 @@
+"""HARR's stage helpers and settings: the per-step sampler seed, multi-hop recall, parse_harr."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragrl.recipe import HARR_RUNS, parse_harr
+from ragrl.stages.harr import multihop_recall, step_seed
+
+from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
+from test_retriever_rollout import world  # noqa: F401  (fixture: a toy index, passages and policy)
+
+BASE = {"generator": "search_r1_sft", "index": "flat", "train_dataset": "world_train", "eval_datasets": ["world_test"]}
+
+
+def test_step_seed_depends_on_seed_and_step_only():
+    assert step_seed(0, 5) == step_seed(0, 5)  # a resumed run redraws what the killed one drew
+    seeds = {step_seed(s, t) for s in range(3) for t in range(-3, 50)}
+    assert len(seeds) == 3 * 53  # no two (seed, step) pairs share a sampler seed
+    assert all(0 <= x < 2**63 for x in seeds)  # torch.Generator.manual_seed takes it
+    assert step_seed(0, 1) == 5241973545709506848  # stable across Python processes (no hash())
+
+
+def test_multihop_recall_counts_only_questions_with_several_supporting_passages():
+    ranked = [["a", "b", "c"], ["x", "y", "z"], ["p", "q", "r"]]
+    supporting = [["b", "c"], ["x"], ["r", "s"]]  # the 1-hop question in the middle is left out
+    out = multihop_recall(ranked, supporting, [1, 2, 3])
+    assert out["recall@1"] == [0.0, 0.0]
+    assert out["recall@2"] == [0.5, 0.0]
+    assert out["recall@3"] == [1.0, 0.5]
+    assert out["all@3"] == [1.0, 0.0]
+    with pytest.raises(ValueError):
+        multihop_recall(ranked, supporting[:2], [1])
+
+
+def test_parse_harr_checks_every_section_against_its_dataclass():
+    parsed = parse_harr({**BASE, "train": {"steps": 3, "group_size": 4}, "encoder": {"lora_r": 4},
+                         "environment": {"topk": 2, "template": "{state}"}})
+    assert (parsed.train.steps, parsed.train.group_size, parsed.encoder.lora_r, parsed.environment.topk) == (3, 4, 4, 2)
+    assert parse_harr(parsed.to_config()) == parsed
+    for bad, needle in [({"train": {"stepz": 1}}, "harr.train"), ({"encoder": {"rank": 1}}, "harr.encoder"),
+                        ({"environment": {"topk": 5, "pool_size": 3}}, "harr.environment"),
+                        ({"environment": {"template": "no placeholder"}}, "harr.environment"),
+                        ({"train": {"group_size": 1}}, "harr.train"), ({"recall_k": [0]}, "harr.recall_k"),
+                        ({"eval_datasets": []}, "harr.eval_datasets"), ({"typo": 1}, "harr")]:
+        with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
+            parse_harr({**BASE, **bad})
+
+
+def test_the_three_evaluated_runs():
+    # frozen: the index's own encoder, query-only states; HARR: trained with history; the ablation without.
+    assert HARR_RUNS == {"harr_frozen": (False, False), "harr": (True, True), "harr_no_history": (True, False)}
+
+
+class AnswerByQuestion:
+    """Stands in for the rollout engine: one search per trajectory, then a scripted answer per question
+    (q1 alternates right / wrong over g, q2 is always right, q3 always wrong)."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def prompt_ids(self, question):
+        return [len(question)]
+
+    def run(self, prompts, n=1, seed=None, sample_ids=None):
+        from types import SimpleNamespace
+
+        from ragrl.agent.protocol import Action
+
+        self.env.respond([Action("search", (f"about {sid}",)) for sid in sample_ids], sample_ids=sample_ids)
+        answers = {"q1": lambda g: "Paris" if g % 2 == 0 else "Rome", "q2": lambda g: "London", "q3": lambda g: "Oslo"}
+        return [SimpleNamespace(answer=answers[sid.split("#")[0]](int(sid.split("#")[1]))) for sid in sample_ids]
+
+
+def _scripted_filter(monkeypatch, tmp_path, world, questions):
+    import pyarrow as pa
+
+    from ragrl.io import write_parquet
+    from ragrl.stages import harr as stage
+
+    policy, index, store = world
+    monkeypatch.setattr(stage, "_world", lambda index_dir, passages: stage._World(index, {}, store))
+    monkeypatch.setattr(stage, "_policy", lambda meta, harr, encoder, trainable: policy)
+    monkeypatch.setattr(stage, "_engine", lambda recipe, harr, generator, env: AnswerByQuestion(env))
+    golds = {"q1": ["Paris"], "q2": ["London"], "q3": ["Berlin"]}
+    qa = tmp_path / "train.parquet"
+    write_parquet(pa.table({"id": questions, "question": [f"Question {q}?" for q in questions],
+                            "golden_answers": [golds[q] for q in questions]}), qa)
+    harr = parse_harr({**BASE, "environment": {"topk": 2, "pool_size": 5, "rollout_batch_questions": 2},
+                       "train": {"group_size": 4}})
+    out = tmp_path / "kept.parquet"
+    return stage.filter_stage(None, harr, qa, tmp_path, tmp_path, tmp_path, out), out
+
+
+def test_filter_keeps_the_questions_whose_f1_varies(monkeypatch, tmp_path, world):
+    import pyarrow.parquet as pq
+
+    stats, out = _scripted_filter(monkeypatch, tmp_path, world, ["q1", "q2", "q3"])
+    assert pq.read_table(out).column("id").to_pylist() == ["q1"]
+    assert stats["questions"] == 3 and stats["kept"] == 1 and stats["group_size"] == 4
+    assert stats["any_f1_share"] == pytest.approx(2 / 3)
+
+
+def test_a_filter_that_keeps_nothing_fails_saying_why(monkeypatch, tmp_path, world):
+    with pytest.raises(ValueError, match="kept no question"):
+        _scripted_filter(monkeypatch, tmp_path, world, ["q2", "q3"])
