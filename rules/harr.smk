@@ -31,7 +31,7 @@ rule harr_filter:
     shell:
         "python -m ragrl harr-filter --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
         " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
-        " --threads {threads} --out {output.kept:q} > {log:q} 2>&1"
+        " --threads {threads:q} --out {output.kept:q} > {log:q} 2>&1"
 
 
 rule harr_train:
@@ -65,7 +65,7 @@ rule harr_train:
     shell:
         "python -m ragrl harr-train --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
         " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
-        " --threads {threads} {params.history} --out-dir {params.out:q} > {log:q} 2>&1"
+        " --threads {threads:q} {params.history:q} --out-dir {params.out:q} > {log:q} 2>&1"
 
 
 rule harr_eval:
@@ -101,7 +101,7 @@ rule harr_eval:
     shell:
         "python -m ragrl harr-eval --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
         " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
-        " --threads {threads} {params.history} {params.encoder:q} --run-id {wildcards.run:q}"
+        " --threads {threads:q} {params.history:q} {params.encoder:q} --run-id {wildcards.run:q}"
         " --dataset {wildcards.dataset:q} --max-questions {params.max_questions:q} --batch-size {params.batch_size:q}"
         " --out {params.out:q} > {log:q} 2>&1"
 
@@ -132,7 +132,7 @@ rule harr_recall:
         "../envs/train.yaml"
     shell:
         "python -m ragrl harr-recall --harr {params.harr:q} --index {params.index:q} --passages {input.passages:q}"
-        " --qa {input.qa:q} --threads {threads} {params.history} {params.encoder:q} --run-id {wildcards.run:q}"
+        " --qa {input.qa:q} --threads {threads:q} {params.history:q} {params.encoder:q} --run-id {wildcards.run:q}"
         " --dataset {wildcards.dataset:q} --out {output:q} > {log:q} 2>&1"
 
 
