@@ -104,3 +104,22 @@ def test_filter_keeps_the_questions_whose_f1_varies(monkeypatch, tmp_path, world
 def test_a_filter_that_keeps_nothing_fails_saying_why(monkeypatch, tmp_path, world):
     with pytest.raises(ValueError, match="kept no question"):
         _scripted_filter(monkeypatch, tmp_path, world, ["q2", "q3"])
+
+
+def test_the_generator_is_prompted_as_the_agent_it_was_trained_as(world):
+    """The HARR environment's query-encoder instruction must not become the generator's prompt (the
+    rollout engine reads an environment's `instruction` as the prompt; it once read the encoder's)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from ragrl.agent.environments import SearchEnvironment
+    from ragrl.agent.rollout import RolloutEngine
+    from ragrl.train.retriever_rollout import HistoryAwareSearchEnvironment
+
+    policy, index, store = world
+    tok = AutoTokenizer.from_pretrained(Path(__file__).parents[1] / "resources/pretrained/3ccfb4217de01845")
+    plain = RolloutEngine(None, tok, SearchEnvironment(None, 2)).prompt_ids("Where is Velmora?")
+    for history in (True, False):
+        env = HistoryAwareSearchEnvironment(policy, index, store, topk=2, pool_size=5, use_history=history)
+        assert RolloutEngine(None, tok, env).prompt_ids("Where is Velmora?") == plain

@@ -38,7 +38,9 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
             raise ValueError(f"pool_size={pool_size} must be >= topk={topk}: the draw takes topk from the pool")
         self.policy, self.index, self.passages = policy, index, passages
         self.pool_size, self.alpha, self.use_history = pool_size, alpha, use_history
-        self.instruction = default_instruction(use_history) if instruction is None else instruction
+        # Not `self.instruction`: the rollout engine reads an environment's `instruction` as the
+        # generator's prompt, and this is the query encoder's.
+        self.query_instruction = default_instruction(use_history) if instruction is None else instruction
         self.template, self.stochastic = template, stochastic
         self.generator = torch.Generator().manual_seed(seed)
         self.questions: dict[str, str] = {}
@@ -68,7 +70,7 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         # The base environment hands over each query's sample id; respond() has checked them.
         sids = [str(s) for s in sample_ids] if sample_ids is not None else self._query_sample_ids
         states = [encoder_input(retrieval_state(self.questions[sid], self.history[sid], q, use_history=self.use_history),
-                                self.instruction, self.template) for sid, q in zip(sids, queries)]
+                                self.query_instruction, self.template) for sid, q in zip(sids, queries)]
         steps = retrieve(self.policy, self.index, states, pool_size=self.pool_size, k=self.topk, alpha=self.alpha,
                          stochastic=self.stochastic, generator=self.generator)
         out = []
