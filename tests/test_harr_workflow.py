@@ -7,6 +7,7 @@ import copy
 import csv
 import json
 import math
+import re
 
 import pytest
 
@@ -79,3 +80,27 @@ def test_harr_dag_makes_its_tables(tmp_path):
     con = duckdb.connect(str(tmp_path / "results/ragrl.duckdb"), read_only=True)
     steps = dict(con.execute("select run_id, count(*) from train_log group by run_id").fetchall())
     assert steps["harr"] == 2 and steps["harr_no_history"] == 2
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"train": {"stepz": 2}}, "harr.train"),
+    ({"encoder": {"lora_rank": 4}}, "harr.encoder"),
+    ({"environment": {"topk": 9, "pool_size": 4}}, "harr.environment"),
+    ({"generator": "search_r1_typo"}, "harr.generator"),
+    ({"index": "hnsw"}, "harr.index"),
+    ({"eval_datasets": ["world_tset"]}, "harr.eval_datasets[0]"),
+])
+def test_a_bad_harr_setting_fails_the_dry_run(tmp_path, change, needle):
+    cfg = harr_tiny_config()
+    cfg["harr"].update(change)
+    proc = _snakemake(tmp_path, cfg, "-n")
+    assert proc.returncode != 0
+    assert needle in proc.stderr + proc.stdout
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_harr_dry_run_plans_every_job(tmp_path):
+    proc = _snakemake(tmp_path, harr_tiny_config(), "-n", "--quiet", "rules")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = dict(re.findall(r"^(harr_\w+)\s+(\d+)$", proc.stdout, re.M))
+    assert counts == {"harr_filter": "1", "harr_train": "2", "harr_eval": "3", "harr_recall": "3", "harr_manifest": "3"}
