@@ -632,7 +632,7 @@ def harr_history_flag(run):
 
 def harr_encoder_inputs(wildcards):
     # The trained runs read their merged encoder; the frozen run the index's own encoder.
-    return {"encoder": f"{RESULTS}/harr/train/{wildcards.run}/final/state.json"} if harr_runs()[wildcards.run][0] else {}
+    return {"encoder": f"{RESULTS}/harr/train/{wildcards.run}/work/final/state.json"} if harr_runs()[wildcards.run][0] else {}
 
 
 def harr_encoder_args(wildcards, input):

@@ -39,9 +39,10 @@ rule harr_train:
         unpack(lambda wc: harr_world_inputs()),
         qa=f"{RESULTS}/harr/filter/kept.parquet",
     output:
-        # Only the finished artefacts are outputs: checkpoints under the run's directory survive a
-        # killed job (Snakemake deletes a failed job's outputs), so a re-run resumes from them.
-        final=f"{RESULTS}/harr/train/{{run}}/final/state.json",
+        # Only the finished artefacts are outputs: checkpoints and the running log under work/
+        # survive a killed job (Snakemake deletes a failed job's outputs), so a re-run resumes
+        # from them with the earlier steps' log lines; the log is copied out when training ends.
+        final=f"{RESULTS}/harr/train/{{run}}/work/final/state.json",
         log=f"{RESULTS}/harr/train/{{run}}/train_log.jsonl",
     params:
         recipe=lambda wc: harr_generator_json(),
@@ -50,7 +51,7 @@ rule harr_train:
         generator=harr_generator_arg,
         index=lambda wc, input: os.path.dirname(input.index),
         history=lambda wc: harr_history_flag(wc.run),
-        out=lambda wc, output: os.path.dirname(output.log),
+        out=lambda wc, output: os.path.dirname(os.path.dirname(output.final)),
     log:
         "logs/harr/train/{run}.log",
     benchmark:
@@ -65,7 +66,7 @@ rule harr_train:
     shell:
         "python -m ragrl harr-train --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
         " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
-        " --threads {threads:q} {params.history:q} --out-dir {params.out:q} > {log:q} 2>&1"
+        " --threads {threads:q} {params.history:q} --out-dir {params.out:q} --log-out {output.log:q} > {log:q} 2>&1"
 
 
 rule harr_eval:

@@ -65,7 +65,7 @@ def test_harr_dag_makes_its_tables(tmp_path):
     for run in ("harr", "harr_no_history"):
         log = [json.loads(line) for line in (tmp_path / f"results/harr/train/{run}/train_log.jsonl").read_text().splitlines()]
         assert [r["step"] for r in log] == [1, 2]
-        assert (tmp_path / f"results/harr/train/{run}/final/encoder/config.json").is_file()
+        assert (tmp_path / f"results/harr/train/{run}/work/final/encoder/config.json").is_file()
     # The history-aware run's encoder saw history states, the ablation's did not (their logs say so).
     assert "history=True" in (tmp_path / "logs/harr/train/harr.log").read_text()
     assert "history=False" in (tmp_path / "logs/harr/train/harr_no_history.log").read_text()

@@ -383,7 +383,7 @@ def _cmd_harr_train(args: argparse.Namespace) -> None:
 
     recipe, harr = _harr(args)
     final = train_stage(recipe, harr, args.qa, args.index, args.passages, args.generator, args.out_dir,
-                        use_history=args.history)
+                        use_history=args.history, log_out=args.log_out)
     print(f"HARR encoder written to {final}")
 
 
@@ -629,6 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("harr-train", help="HARR: GRPO over retrieval steps for the query encoder; resumes")
     _harr_args(p)
     p.add_argument("--out-dir", type=Path, required=True, help="checkpoints/, train_log.jsonl, final/encoder")
+    p.add_argument("--log-out", type=Path, help="where to copy the finished training log")
     p.set_defaults(func=_cmd_harr_train)
 
     p = sub.add_parser("harr-eval", help="HARR: the frozen generator with an encoder, deterministic top-k: "

@@ -177,10 +177,10 @@ def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pa
 
 
 def train_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: Path,
-                out_dir: Path, *, use_history: bool) -> Path:
+                out_dir: Path, *, use_history: bool, log_out: Path | None = None) -> Path:
     """train_retriever with rollout_groups as its rollout callback; the sampler is reseeded from
     (seed, step) before each step's rollouts, so a resumed run repeats the same draws. Returns
-    out_dir/final (merged encoder in final/encoder)."""
+    out_dir/final (merged encoder in final/encoder); the training log is copied to `log_out`."""
     from ragrl.train.retriever_rollout import rollout_groups
     from ragrl.train.retriever_train import train_retriever
 
@@ -207,6 +207,11 @@ def train_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pas
           flush=True)
     final = train_retriever(policy, world.index, rows, rollout, out_dir, harr.train)
     print(f"[harr] final encoder: {final / 'encoder'}", flush=True)
+    if log_out is not None:
+        from ragrl.io import atomic_path
+
+        with atomic_path(log_out) as tmp:
+            tmp.write_bytes((Path(out_dir) / "train_log.jsonl").read_bytes())
     return final
 
 
