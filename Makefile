@@ -31,8 +31,8 @@ $(VLLM_STAMP): requirements-vllm.txt scripts/vllm_venv.sh
 	VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash scripts/vllm_venv.sh
 
 # verl 0.9 (CPU build) in its own venv for the verl RL backend and tests/test_verl_backend.py: it pins
-# transformers < 5.11 (.venv has 5.23). About 4 min and 1.9 GB, once per machine.
-$(VERL_STAMP): requirements-verl.txt scripts/verl_venv.sh pyproject.toml | $(STAMP)
+# transformers < 5.11 (.venv has 5.23). About 3 min and 1.9 GB, once per machine.
+$(VERL_STAMP): requirements-verl.txt scripts/verl_venv.sh pyproject.toml
 	VERL_VENV=$(VERL_VENV) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
 
 # torch first and pinned: installed afterwards, anything depending on torch would pull the
@@ -58,8 +58,8 @@ run: $(STAMP)
 	@echo "tiny policy:  $(CURDIR)/results/models/tiny"
 	@echo "logs:         $(CURDIR)/logs   timings: $(CURDIR)/benchmarks"
 
-# The three venvs build side by side (pip is mostly waiting on unpacking and the disk); .venv-verl
-# waits for .venv only because both `pip install -e .` write src/ragrl.egg-info.
+# The three venvs build side by side (pip is mostly waiting on unpacking and the disk); only .venv
+# installs ragrl with pip (the others put src/ on their path), so nothing else writes into src/.
 venvs:
 	$(MAKE) --no-print-directory -j3 --output-sync=target $(STAMP) $(VLLM_STAMP) $(VERL_STAMP)
 

@@ -132,12 +132,13 @@ rule merge_rl:
         "python -m ragrl merge --base {params.base:q} --adapter {params.adapter:q} --out {output:q} > {log:q} 2>&1"
 
 
+# One job per run, all its datasets in one process: the interpreter, torch, the policy and the
+# index load once (start-up was most of a toy evaluation job). Runs still evaluate in parallel.
 rule eval:
     input:
         unpack(run_inputs),
     output:
-        predictions=f"{RESULTS}/eval/{{run}}/{{dataset}}/predictions.parquet",
-        metrics=f"{RESULTS}/eval/{{run}}/{{dataset}}/metrics.json",
+        directory(f"{RESULTS}/eval/{{run}}"),
     params:
         recipe=run_settings_json,
         name=lambda wc: runs()[wc.run]["recipe"],
@@ -145,11 +146,10 @@ rule eval:
         model=run_model_arg,
         max_questions=config["evaluation"]["max_questions"] or 0,
         batch_size=config["evaluation"]["batch_size"],
-        out=lambda wc, output: os.path.dirname(output.metrics),
     log:
-        "logs/eval/{run}/{dataset}.log",
+        "logs/eval/{run}.log",
     benchmark:
-        "benchmarks/eval/{run}/{dataset}.tsv"
+        "benchmarks/eval/{run}.tsv"
     threads: rule_threads("eval")
     resources:
         **rule_resources("eval"),
@@ -157,8 +157,8 @@ rule eval:
         "../envs/train.yaml"
     shell:
         "python -m ragrl eval --recipe {params.recipe:q} --recipe-name {params.name:q} {params.env:q}"
-        " --model {params.model:q} --qa {input.qa:q} --run-id {wildcards.run:q} --dataset {wildcards.dataset:q}"
-        " --max-questions {params.max_questions:q} --batch-size {params.batch_size:q} --out {params.out:q} > {log:q} 2>&1"
+        " --model {params.model:q} --run-id {wildcards.run:q} --max-questions {params.max_questions:q}"
+        " --batch-size {params.batch_size:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule run_manifest:

@@ -384,10 +384,11 @@ def env_inputs(settings, recipe_name, dataset):
     return inputs
 
 
-def env_flags(input, settings, dataset):
-    """CLI flags naming what the environment reads (see env_inputs), as a list of arguments."""
+def env_flags(input, settings, dataset, kinds=("graph", "retriever")):
+    """CLI flags naming what the environment reads (see env_inputs), as a list of arguments; only
+    the input kinds in `kinds`."""
     flags = []
-    for kind in method_of(settings).inputs:
+    for kind in (k for k in method_of(settings).inputs if k in kinds):
         if kind == "graph":
             kg = input["kg"]
             flags += ["--kg", os.path.dirname(kg) if kg.endswith(".parquet") else kg, "--kg-mode",
@@ -469,9 +470,13 @@ def run_datasets(run_id):
 
 
 def run_inputs(wildcards):
+    """A run's evaluation job reads its model, and per dataset the QA set and what the environment
+    reads there (named <dataset>__<key>: each dataset may have its own KG)."""
     run = runs()[wildcards.run]
-    inputs = {"model": run_model_inputs(wildcards.run), "qa": qa_path(wildcards.dataset)}
-    inputs.update(env_inputs(run["settings"], run["recipe"], wildcards.dataset))
+    inputs = {"model": run_model_inputs(wildcards.run)}
+    for dataset in run_datasets(wildcards.run):
+        inputs[f"{dataset}__qa"] = qa_path(dataset)
+        inputs.update({f"{dataset}__{k}": v for k, v in env_inputs(run["settings"], run["recipe"], dataset).items()})
     if run["stage"] == "oracle":
         inputs["passages"] = passages_path(config["retrieval"]["corpus"])
     return inputs
@@ -496,10 +501,18 @@ def run_definition(run_id):
 
 
 def run_env_args(wildcards, input):
-    flags = env_flags(input, runs()[wildcards.run]["settings"], wildcards.dataset)
-    if runs()[wildcards.run]["stage"] == "oracle":
-        flags += ["--oracle", "--passages", input["passages"]]
-    return flags
+    """`--dataset d --qa <qa> [--kg ...]` per dataset; the retriever's flags once (one index for all)."""
+    run = runs()[wildcards.run]
+    settings, datasets = run["settings"], run_datasets(wildcards.run)
+    flags = []
+    for dataset in datasets:
+        env = {k: input[f"{dataset}__{k}"] for k in env_inputs(settings, run["recipe"], dataset)}
+        flags += ["--dataset", dataset, "--qa", input[f"{dataset}__qa"], *env_flags(env, settings, dataset, ("graph",))]
+    env = {k: input[f"{datasets[0]}__{k}"] for k in env_inputs(settings, run["recipe"], datasets[0])}
+    retriever = env_flags(env, settings, datasets[0], ("retriever",))
+    if run["stage"] == "oracle":
+        retriever += ["--oracle", "--passages", input["passages"]]
+    return retriever + flags
 
 
 def run_model_arg(wildcards, input):
@@ -508,7 +521,13 @@ def run_model_arg(wildcards, input):
 
 
 def eval_outputs():
-    return [f"{RESULTS}/eval/{run}/{dataset}/metrics.json" for run in runs() for dataset in run_datasets(run)]
+    """One evaluation directory per run, <run>/<dataset>/{metrics.json,predictions.parquet} inside."""
+    return [f"{RESULTS}/eval/{run}" for run in runs()]
+
+
+def eval_files(name):
+    """The `name` file (metrics.json, predictions.parquet) of every evaluated (run, dataset)."""
+    return [f"{RESULTS}/eval/{run}/{dataset}/{name}" for run in runs() for dataset in run_datasets(run)]
 
 
 def run_manifests():
@@ -643,6 +662,10 @@ def harr_eval_outputs():
     if not harr_settings():
         return []
     return [f"{RESULTS}/harr/eval/{run}/{d}/metrics.json" for run in harr_runs() for d in harr_settings()["eval_datasets"]]
+
+
+def harr_predictions():
+    return [p.replace("metrics.json", "predictions.parquet") for p in harr_eval_outputs()]
 
 
 def harr_recall_outputs():

@@ -5,13 +5,16 @@
 rule results_db:
     input:
         runs=run_manifests() + harr_manifests(),
-        evals=eval_outputs() + harr_eval_outputs() + harr_recall_outputs(),
-        predictions=[p.replace("metrics.json", "predictions.parquet") for p in eval_outputs() + harr_eval_outputs()],
+        # Each run's evaluation directory (files listed in params), HARR's evaluation files.
+        eval_dirs=eval_outputs(),
+        harr=harr_eval_outputs() + harr_recall_outputs() + harr_predictions(),
         # Named by run id (<recipe>_rl): the database files a training log under its run.
         train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]] + harr_train_logs(),
     output:
         f"{RESULTS}/ragrl.duckdb",
     params:
+        evals=eval_files("metrics.json") + harr_eval_outputs() + harr_recall_outputs(),
+        predictions=eval_files("predictions.parquet") + harr_predictions(),
         rule_gpus=lambda wc: recipe_json(rule_gpus()),
         tables=recipe_json(config["results"]["tables"]),
         main_metric=config["results"]["main_metric"],
@@ -25,8 +28,8 @@ rule results_db:
     conda:
         "../envs/core.yaml"
     shell:
-        "python -m ragrl results build --db {output:q} --runs {input.runs:q} --evals {input.evals:q}"
-        " --predictions {input.predictions:q} --train-logs {input.train_logs:q} --benchmarks-dir benchmarks"
+        "python -m ragrl results build --db {output:q} --runs {input.runs:q} --evals {params.evals:q}"
+        " --predictions {params.predictions:q} --train-logs {input.train_logs:q} --benchmarks-dir benchmarks"
         " --rule-gpus {params.rule_gpus:q} --tables {params.tables:q} --main-metric {params.main_metric:q}"
         " > {log:q} 2>&1"
 

@@ -32,9 +32,12 @@ rm -f "$STAMP"
 # torch first and pinned: installed as a dependency of verl it would resolve to the newest CUDA build.
 "$VENV/bin/python" -m pip install "${PIP[@]}" "$(grep -E '^torch==' "$REQS")"
 "$VENV/bin/python" -m pip install "${PIP[@]}" -r "$REQS"
-# ragrl itself, editable and without its dependencies: verl's Ray workers import our agent loop,
-# reward and protocol from the source tree; ragrl's own pins (transformers 5.23) must not apply.
-"$VENV/bin/python" -m pip install "${PIP[@]}" --no-deps -e "$ROOT"
+# ragrl itself from the source tree, without its dependencies: verl's Ray workers import our agent
+# loop, reward and protocol; ragrl's own pins (transformers 5.23) must not apply. A .pth file rather
+# than `pip install -e`: that writes src/ragrl.egg-info, as .venv's install does, so the two venvs
+# could not build side by side (this one waited ~3 min for .venv in a fresh `make test`).
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$ROOT/src" > "$site/ragrl-src.pth"
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import torch

@@ -177,3 +177,29 @@ def test_evaluate_a_saved_model_greedily(tiny, tmp_path):
     assert table.column("response").to_pylist() == again.column("response").to_pylist()
     for key in METRIC_COLUMNS:
         assert metrics["metrics"][key] == pytest.approx(sum(table.column(key).to_pylist()) / 3)
+
+
+def test_cli_evaluates_every_dataset_of_a_run_in_one_call(tiny, tmp_path, capsys):
+    """`ragrl eval` with two --dataset/--qa pairs: one directory per dataset, each the same as
+    evaluating that dataset alone (greedy decoding); a --qa count that does not match is refused
+    before anything is written."""
+    from ragrl.cli import main
+
+    qa_a, _ = _qa(tiny, [["x"], ["y"]])
+    qa_b, _ = _qa(tiny, [["x"], ["y"], ["z"]])
+    recipe = json.dumps({"env": "search", "retriever": "bm25", "topk": 2,
+                         "rollout": {"max_turns": 1, "max_turn_tokens": 8, "max_obs_tokens": 64}})
+    common = ["eval", "--recipe", recipe, "--bm25", str(tiny.root / "bm25"), "--model", str(tiny.model_dir),
+              "--run-id", "r", "--batch-size", "2"]
+    assert main([*common, "--dataset", "a", "--qa", str(qa_a), "--dataset", "b", "--qa", str(qa_b),
+                 "--out", str(tmp_path / "both")]) == 0
+    assert main([*common, "--dataset", "b", "--qa", str(qa_b), "--out", str(tmp_path / "alone")]) == 0
+    both_a, metrics_a = _read(tmp_path / "both" / "a")
+    both_b, metrics_b = _read(tmp_path / "both" / "b")
+    alone_b, _ = _read(tmp_path / "alone" / "b")
+    assert (metrics_a["dataset"], metrics_a["n"], metrics_b["dataset"], metrics_b["n"]) == ("a", 2, "b", 3)
+    assert both_b.column("prediction").to_pylist() == alone_b.column("prediction").to_pylist()
+    capsys.readouterr()
+    assert main([*common, "--dataset", "a", "--dataset", "b", "--qa", str(qa_a), "--out", str(tmp_path / "bad")]) == 2
+    assert "--qa given 1 times for 2 --dataset (a, b)" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -15,7 +15,7 @@ import yaml
 
 from test_workflow import REPO, _snakemake
 
-EVAL = "results/eval/search_r1_sft/world_test/metrics.json"
+EVAL = "results/eval/search_r1_sft"
 
 
 def _learning_config() -> dict:
@@ -39,7 +39,7 @@ def test_sft_from_the_pretrained_base_answers_held_out_questions(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the shipped base was reused, not retrained
     assert "reused the pretrained model" in (tmp_path / "logs/pretrain.log").read_text()
-    metrics = json.loads((tmp_path / EVAL).read_text())
+    metrics = json.loads((tmp_path / EVAL / "world_test/metrics.json").read_text())
     assert metrics["n"] == 100
     # Test questions are about entities no training question mentions: every right answer was
     # read from a retrieved passage.

@@ -175,7 +175,7 @@ def test_dry_run_resolves_whole_dag(paper, tmp_path):
     sft = config["recipes"][recipe]["sft"].get("enabled", True)
     runs = 2 + (2 if sft else 1)  # base, no_retrieval, [<recipe>_sft], <recipe>_rl
     expected = {"corpus": 1, "qa": len(config["datasets"]), "embed_shard": config["retrieval"]["shards"],
-                "index": 1, "rl": 1, "merge_rl": 1, "eval": runs * len(DATASETS), "run_manifest": runs,
+                "index": 1, "rl": 1, "merge_rl": 1, "eval": runs, "run_manifest": runs,
                 "results_db": 1, "results_tables": 1, "results_plots": 1}
     if sft:
         expected.update(sft_data=1, sft=1, merge_sft=1)
@@ -235,7 +235,7 @@ def test_kg_r1_paper_config_resolves_train_and_transfer_evaluations(tmp_path):
     assert seconds < 60, f"dry run took {seconds:.1f} s"
     counts = _job_counts(out)
     _assert_gpu_rules_request_gpus(out, config, counts)
-    evals = sum(len(r["eval_datasets"]) for r in config["recipes"].values())
-    assert counts.get("rl") == 2 and counts.get("eval") == evals and "sft" not in counts, counts
-    assert re.search(r"ragrl eval .*--kg data/kgqa/trex --kg-mode subgraph .*--run-id kg_r1_webqsp_rl"
-                     r" --dataset trex_test", out), "the transfer evaluation does not read the T-REx KG"
+    # One evaluation job per RL run, on all of its datasets.
+    assert counts.get("rl") == 2 and counts.get("eval") == 2 and "sft" not in counts, counts
+    assert re.search(r"ragrl eval .*--dataset trex_test --qa \S+ --kg data/kgqa/trex --kg-mode subgraph "
+                     r".*--run-id kg_r1_webqsp_rl", out), "the transfer evaluation does not read the T-REx KG"

@@ -159,9 +159,9 @@ def test_workflow_runs_end_to_end(tmp_path):
     ran = _jobs_run(rerun.stdout + rerun.stderr)
     assert ran == {
         ("rl", "recipe=search_r1"), ("merge_rl", "recipe=search_r1"),
-        ("eval", "run=search_r1_rl, dataset=world_test"), ("run_manifest", "run=search_r1_rl"),
+        ("eval", "run=search_r1_rl"), ("run_manifest", "run=search_r1_rl"),
         # the oracle row evaluates the same RL policy
-        ("eval", "run=search_r1_oracle, dataset=world_test"), ("run_manifest", "run=search_r1_oracle"),
+        ("eval", "run=search_r1_oracle"), ("run_manifest", "run=search_r1_oracle"),
         ("results_db", ""), ("results_tables", ""), ("results_plots", ""), ("all", ""),
     }, ran
 

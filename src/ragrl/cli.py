@@ -307,14 +307,41 @@ def _cmd_rl(args: argparse.Namespace) -> None:
     print(f"RL policy written to {final}")
 
 
+def _eval_datasets(args: argparse.Namespace) -> list[tuple[str, Path, dict]]:
+    """(dataset, qa, backends) per --dataset. --qa, --kg and --kg-mode pair with --dataset by
+    position (--kg/--kg-mode given once serve every dataset); datasets that read the same things
+    share one loaded copy (the index, a KG)."""
+    names, n = args.dataset, len(args.dataset)
+
+    def per_dataset(flag: str, values: list | None, default=None) -> list:
+        values = values or [default]
+        if len(values) == 1:
+            return values * n
+        if len(values) != n:
+            raise ValueError(f"{flag} given {len(values)} times for {n} --dataset ({', '.join(names)}): "
+                             "give it once or once per dataset, in the same order")
+        return values
+
+    if len(args.qa) != n:
+        raise ValueError(f"--qa given {len(args.qa)} times for {n} --dataset ({', '.join(names)}): one each")
+    kgs, modes = per_dataset("--kg", args.kg), per_dataset("--kg-mode", args.kg_mode, "whole")
+    loaded: dict[tuple, dict] = {}
+    out = []
+    for name, qa, kg, mode in zip(names, args.qa, kgs, modes, strict=True):
+        key = (kg, mode, qa if args.oracle else None)
+        if key not in loaded:
+            loaded[key] = _backends(argparse.Namespace(**{**vars(args), "qa": qa, "kg": kg, "kg_mode": mode}))
+        out.append((name, qa, loaded[key]))
+    return out
+
+
 def _cmd_eval(args: argparse.Namespace) -> None:
     from ragrl.stages import agent
 
-    recipe = _recipe(args)
-    metrics = agent.evaluate(recipe, args.model, args.qa, _backends(args), args.out, run_id=args.run_id,
-                             dataset=args.dataset, max_questions=args.max_questions or None,
-                             batch_size=args.batch_size)
-    print(f"{args.run_id} on {args.dataset}: {metrics['metrics']}")
+    results = agent.evaluate_run(_recipe(args), args.model, _eval_datasets(args), args.out, run_id=args.run_id,
+                                 max_questions=args.max_questions or None, batch_size=args.batch_size)
+    for dataset, metrics in results.items():
+        print(f"{args.run_id} on {dataset}: {metrics['metrics']}")
 
 
 def _cmd_run_manifest(args: argparse.Namespace) -> None:
@@ -420,14 +447,21 @@ def _harr_args(p: argparse.ArgumentParser, generator: bool = True) -> None:
                    help="history-aware states (--no-history: the query alone, the ablation)")
 
 
-def _recipe_args(p: argparse.ArgumentParser, retriever: bool = True) -> None:
+def _recipe_args(p: argparse.ArgumentParser, retriever: bool = True, per_dataset: bool = False) -> None:
     p.add_argument("--recipe", required=True, help="the recipe's settings as one JSON object (from config)")
     p.add_argument("--recipe-name", default="recipe", help="its name in config, used in error messages")
     if retriever:
         _searcher_args(p)
-        # Methods whose environment queries a KG (input kind "kg") get it here.
-        p.add_argument("--kg", type=Path, help="KG dir for env kg (triples parquet dir or simple KGQA format)")
-        p.add_argument("--kg-mode", choices=["whole", "subgraph"], default="whole")
+        # Methods whose environment queries a KG (input kind "kg") get it here; `eval` takes one
+        # per --dataset (each dataset may have its own KG).
+        if per_dataset:
+            p.add_argument("--kg", type=Path, action="append",
+                           help="KG dir for the --dataset in the same position (once: for all)")
+            p.add_argument("--kg-mode", choices=["whole", "subgraph"], action="append",
+                           help="per --dataset like --kg (default whole)")
+        else:
+            p.add_argument("--kg", type=Path, help="KG dir for env kg (triples parquet dir or simple KGQA format)")
+            p.add_argument("--kg-mode", choices=["whole", "subgraph"], default="whole")
         p.add_argument("--kg-url", help="a running `ragrl serve-kg` instead of an in-process KG")
 
 
@@ -607,15 +641,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-out", type=Path, help="where to copy the finished training log")
     p.set_defaults(func=_cmd_rl)
 
-    p = sub.add_parser("eval", help="roll out a checkpoint on a QA set: predictions.parquet + metrics.json")
-    _recipe_args(p)
+    p = sub.add_parser("eval", help="roll out a checkpoint on QA sets: <out>/<dataset>/predictions.parquet + "
+                       "metrics.json for each --dataset")
+    _recipe_args(p, per_dataset=True)
     p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--qa", type=Path, required=True)
     p.add_argument("--run-id", required=True)
-    p.add_argument("--dataset", required=True)
+    p.add_argument("--dataset", required=True, action="append", help="a dataset name (repeat for several)")
+    p.add_argument("--qa", type=Path, required=True, action="append",
+                   help="the QA parquet of the --dataset in the same position")
     p.add_argument("--max-questions", type=int)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="the run's evaluation dir")
     p.add_argument("--oracle", action="store_true",
                    help="oracle retrieval: every query gets its question's supporting passages (from --passages)")
     p.set_defaults(func=_cmd_eval)

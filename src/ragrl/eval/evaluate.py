@@ -190,6 +190,11 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 
     return [float(low), float(high)]
 
 
+def load_policy(model_dir: str | Path, device: str = "cpu", dtype: str = "auto"):
+    """(generator, tokenizer) of the HF model in `model_dir`, for several evaluate() calls."""
+    return _policy(model_dir, None, None, device, dtype)
+
+
 def _policy(model_dir, generator, tokenizer, device: str, dtype: str):
     if generator is not None:
         if tokenizer is None:

@@ -8,7 +8,7 @@ calls the core. Nothing here knows a method by name.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +121,34 @@ def rl(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out_
 
 
 def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any], out_dir: Path, *, run_id: str,
-             dataset: str, max_questions: int | None = None, batch_size: int = 32) -> dict:
+             dataset: str, max_questions: int | None = None, batch_size: int = 32, generator=None,
+             tokenizer=None) -> dict:
     from ragrl.eval.evaluate import evaluate as run_eval
 
     method = recipe.method
     cfg = method.eval_rollout(recipe.rollout) if method.eval_rollout else recipe.rollout
     return run_eval(model, qa, environment(recipe, backends), out_dir, run_id=run_id, dataset=dataset,
                     rollout_cfg=cfg, batch_size=batch_size, max_questions=max_questions,
-                    extra_metrics=method.eval_metrics, extra_columns=method.eval_metric_columns)
+                    extra_metrics=method.eval_metrics, extra_columns=method.eval_metric_columns,
+                    generator=generator, tokenizer=tokenizer)
+
+
+def evaluate_run(recipe: Recipe, model: Path, datasets: Sequence[tuple[str, Path, Mapping[str, Any]]],
+                 out_dir: Path, *, run_id: str, max_questions: int | None = None,
+                 batch_size: int = 32) -> dict[str, dict]:
+    """Evaluate one run on each (dataset, qa, backends): `out_dir/<dataset>/` gets its predictions
+    and metrics. The policy is loaded once: one job per run instead of one per (run, dataset)
+    pays the interpreter, torch and index start-up once (~10 s a job on 2 CPU cores, which was
+    most of a toy evaluation; a model load at scale)."""
+    from ragrl.eval.evaluate import load_policy
+
+    names = [name for name, _, _ in datasets]
+    if not names:
+        raise ValueError(f"run {run_id!r}: no dataset to evaluate")
+    if len(set(names)) != len(names):
+        raise ValueError(f"run {run_id!r}: dataset named twice in {names}")
+    generator, tokenizer = load_policy(model)
+    return {name: evaluate(recipe, model, qa, backends, Path(out_dir) / name, run_id=run_id, dataset=name,
+                           max_questions=max_questions, batch_size=batch_size, generator=generator,
+                           tokenizer=tokenizer)
+            for name, qa, backends in datasets}
