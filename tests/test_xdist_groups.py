@@ -45,3 +45,45 @@ def test_groups_keep_module_fixtures_together_and_split_the_end_to_end_runs(tmp_
     # Units holding an integration test are handed out before the rest.
     first_light = next(i for i, (n, _) in enumerate(order) if "test_bad_config" in n or "has_a_twin" in n)
     assert "tests/test_slurm.py" in {g for _, g in order[:first_light]} and e2e in {g for _, g in order[:first_light]}
+
+
+WORKER_SUITE = '''
+import os
+
+import pytest
+
+STARTS = []
+
+
+@pytest.fixture(scope="module")
+def server():
+    # One start per worker that runs this file: the count is what the grouping must keep at 1.
+    with open(os.path.join(os.environ["GROUPS_OUT"], "starts"), "a") as f:
+        f.write(os.environ.get("PYTEST_XDIST_WORKER", "main") + "\\n")
+    return object()
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_uses_the_server(server, i):
+    with open(os.path.join(os.environ["GROUPS_OUT"], "ran"), "a") as f:
+        f.write(os.environ.get("PYTEST_XDIST_WORKER", "main") + "\\n")
+'''
+
+
+def test_a_module_fixture_starts_once_on_real_workers(tmp_path):
+    """The scheduling itself, not only the marks: eight tests sharing a module fixture, run by
+    `pytest -n 2 --dist loadgroup` with this conftest, all run on one worker and start it once
+    (pytest 9.2 with xdist 3.8 ignored the groups: requirements.txt)."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text((REPO / "tests/conftest.py").read_text())
+    (suite / "test_shared.py").write_text(WORKER_SUITE)
+    (suite / "test_other.py").write_text("def test_a():\n    pass\n\n\ndef test_b():\n    pass\n")
+    env = dict(os.environ, GROUPS_OUT=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup",
+                           "-p", "no:cacheprovider", "-p", "no:randomly", str(suite)],
+                          cwd=suite, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = (tmp_path / "ran").read_text().split()
+    assert len(ran) == 8 and len(set(ran)) == 1, ran
+    assert (tmp_path / "starts").read_text().split() == ran[:1]
