@@ -15,7 +15,9 @@ VENV="${VERL_VENV:-$ROOT/.venv-verl}"
 PYTHON="${PYTHON:-python3}"
 REQS="$ROOT/requirements-verl.txt"
 STAMP="$VENV/.ragrl-verl-installed"
-PIP=(--quiet --disable-pip-version-check)
+# --no-compile: byte-compiling every installed module (~20,000 files here) was ~90 s of CPU, most
+# of it for modules nothing imports; Python compiles what it imports on first use.
+PIP=(--quiet --disable-pip-version-check --no-compile)
 
 want="$(cat "$REQS" "$ROOT/pyproject.toml" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
 if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then

@@ -15,7 +15,9 @@ VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
 PYTHON="${PYTHON:-python3}"
 REQS="$ROOT/requirements-vllm.txt"
 STAMP="$VENV/.ragrl-vllm-installed"
-PIP=(--quiet --disable-pip-version-check)
+# --no-compile: byte-compiling every installed module (~20,000 files here) was ~90 s of CPU, most
+# of it for modules nothing imports; Python compiles what it imports on first use.
+PIP=(--quiet --disable-pip-version-check --no-compile)
 
 want="$(cat "$REQS" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
 if [[ -x "$VENV/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
