@@ -12,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 # The venvs install with --no-compile (below), so Python must be free to cache the modules it
-# compiles on first import: where PYTHONDONTWRITEBYTECODE is set (it is on our CI machine), every
+# compiles on first import: where PYTHONDONTWRITEBYTECODE is set (it is on this machine), every
 # process would compile torch and transformers from source again (a run with both was ~3x slower
 # and failed 31 server tests on their start-up timeouts).
 unexport PYTHONDONTWRITEBYTECODE
