@@ -2,7 +2,7 @@
 
 - every rule's `conda:` names an existing env file;
 - every pip pin in an env is `name==version` and equals requirements.txt's pin for that package
-  (torch: the Makefile's `pip install torch==...`, which installs it before requirements.txt),
+  (torch: the Makefile recipe line installing `torch==...`, which installs it before requirements.txt),
   so a cluster env cannot drift from what the tests ran;
 - every third-party package a rule's CLI command imports (static import closure of its `ragrl`
   subcommand, lazy imports included) that requirements.txt pins is pinned in that rule's env;
@@ -51,7 +51,8 @@ def _requirements() -> dict[str, str]:
             assert sep, f"requirements.txt: {line!r} is not an exact pin"
             pins[_norm(name)] = version.strip()
     # torch is installed first and alone by the Makefile (so nothing pulls a CUDA build on CPU).
-    torch = re.search(r"pip install [^\n]*\btorch==([0-9][^\s]*)", (REPO / "Makefile").read_text())
+    # A recipe line (tab-indented), however pip is spelled there (`pip install`, `$(PIP_INSTALL)`).
+    torch = re.search(r"^\t[^\n]*\btorch==([0-9][^\s]*)", (REPO / "Makefile").read_text(), re.M)
     assert torch, "Makefile: no torch==<version> install found"
     pins["torch"] = torch.group(1)
     return pins
