@@ -19,7 +19,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (_SRC, os.environ.get("P
 from ragrl.config import config_errors  # noqa: E402
 from ragrl.methods import get_method  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
-from ragrl.recipe import HARR_RUNS, parse_harr, parse_recipe  # noqa: E402
+from ragrl.recipe import HARR_RUNS, harr_generator_spec, parse_harr, parse_recipe  # noqa: E402
 from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: E402
 from ragrl.retrieval.factory import factory_error  # noqa: E402
 
@@ -34,6 +34,9 @@ for _path in (("corpora",), ("datasets",), ("recipes",), ("kgs",), ("retrieval",
     if isinstance(_node, dict):
         for _name in [k for k, v in _node.items() if v is None]:
             del _node[_name]
+# `harr: null` drops the default's HARR section (before validation fills in its defaults).
+if "harr" in config and config["harr"] is None:
+    del config["harr"]
 
 _errors = config_errors(config, Path(workflow.basedir) / "config/schemas/config.schema.yaml")
 if _errors:
@@ -551,7 +554,8 @@ def kb_outputs():
 
 def all_outputs():
     outputs = world_outputs() + kb_outputs()
-    outputs.append(f"{RESULTS}/checks/policy_generate.txt")
+    if config["recipes"]:  # no policy to check where none is trained (HARR's paper config)
+        outputs.append(f"{RESULTS}/checks/policy_generate.txt")
     outputs += [passages_path(c) for c in config["corpora"]]
     outputs += [qa_path(d) for d in config["datasets"]]
     if eval_datasets():
@@ -596,8 +600,8 @@ def constructor_model(wildcards, input):
 
 
 # ---------------------------------------------------------------- HARR (rules/harr.smk)
-# Jobs exist only when config names `harr` (overlay config/harr.yaml): filter -> train (HARR, and
-# the no-history ablation) -> evaluation of the frozen generator with the frozen / HARR /
+# Jobs exist when config names `harr` (the default does; `harr: null` drops them): filter ->
+# train (HARR, and the no-history ablation) -> evaluation of the frozen generator with the frozen / HARR /
 # no-history encoder -> the encoders' recall@k on multi-hop questions -> tables harr_*.
 
 
@@ -623,8 +627,34 @@ def harr_json():
     return recipe_json(harr().to_config())
 
 
+def harr_generator_settings():
+    """harr.generator as a mapping (ragrl.recipe.harr_generator_spec): {run} or {model, recipe},
+    with its endpoint settings."""
+    return harr_generator_spec(harr_settings()["generator"])
+
+
 def harr_generator():
-    return runs()[harr_settings()["generator"]]
+    """The frozen generator as a run entry (recipe, settings, model): a run of this workflow, or
+    an outside checkpoint with the recipe settings config gives it."""
+    spec = harr_generator_settings()
+    if "run" in spec:
+        return runs()[spec["run"]]
+    return {"recipe": "harr.generator", "settings": spec["recipe"], "model": spec["model"], "stage": "outside"}
+
+
+def harr_generator_definition():
+    spec = harr_generator_settings()
+    if "run" in spec:
+        return run_definition(spec["run"])
+    return {"model": spec["model"], "recipe": {"eval": recipe_part(None, "eval", spec["recipe"])}}
+
+
+def harr_endpoint_args(wildcards):
+    """--generator-endpoint for a served generator (external base_url, or `serve`: a vLLM server
+    the job starts and stops); nothing when it is loaded in process."""
+    spec = harr_generator_settings()
+    endpoint = {k: spec[k] for k in ("base_url", "served_name", "serve") if k in spec}
+    return ["--generator-endpoint", recipe_json(endpoint)] if endpoint else []
 
 
 def harr_generator_json():
@@ -635,14 +665,18 @@ def harr_generator_json():
 def harr_world_inputs():
     """The generator's checkpoint, the dense index the encoder searches and its passages."""
     corpus = config["retrieval"]["corpus"]
-    return {"generator": run_model_inputs(harr_settings()["generator"]),
+    spec = harr_generator_settings()
+    # An outside checkpoint (hub id or path) is not a workflow output: passed by name.
+    return {"generator": run_model_inputs(spec["run"]) if "run" in spec else [],
             "index": f"{dense_index_dir(corpus, harr_settings()['index'])}/meta.json",
             "passages": passages_path(corpus)}
 
 
 def harr_generator_arg(wildcards, input):
     model = harr_generator()["model"]
-    return policy_param(wildcards, input.generator) if model == policy_dir() else input.generator[0]
+    if model == policy_dir():
+        return policy_param(wildcards, input.generator)
+    return input.generator[0] if input.generator else model
 
 
 def harr_history_flag(run):
@@ -669,7 +703,7 @@ def harr_predictions():
 
 
 def harr_recall_outputs():
-    if not harr_settings():
+    if not harr_settings() or not harr().recall_k:
         return []
     return [f"{RESULTS}/harr/recall/{run}/{d}/metrics.json" for run in harr_runs() for d in harr_settings()["eval_datasets"]]
 
@@ -689,14 +723,18 @@ def harr_tables():
     if not harr_settings():
         return []
     parsed = harr()
-    k = parsed.environment.topk if parsed.environment.topk in parsed.recall_k else max(parsed.recall_k)
     rows, evals = list(harr_runs()), list(parsed.eval_datasets)
-    multihop = [f"{d}_multihop" for d in evals]
-    return [
+    answers = [
         {"name": "harr_em", "title": "HARR: the frozen generator with each query encoder (exact match)", "metric": "em",
          "runs": rows, "datasets": evals},
         {"name": "harr_f1", "title": "HARR: the frozen generator with each query encoder (F1)", "metric": "f1",
          "runs": rows, "datasets": evals},
+    ]
+    if not parsed.recall_k:
+        return answers
+    k = parsed.environment.topk if parsed.environment.topk in parsed.recall_k else max(parsed.recall_k)
+    multihop = [f"{d}_multihop" for d in evals]
+    return answers + [
         {"name": "harr_recall", "title": f"HARR: query encoders' recall@{k} on multi-hop questions",
          "metric": f"recall@{k}", "runs": rows, "datasets": multihop},
         {"name": "harr_all", "title": f"HARR: query encoders' all@{k} (every supporting passage) on multi-hop questions",
@@ -712,10 +750,11 @@ def _check_harr():
     except (ValueError, TypeError) as exc:
         raise WorkflowError(f"invalid config:\n  {exc}") from None
     errors = []
-    if parsed.generator not in runs():
-        errors.append(f"config key 'harr.generator': '{parsed.generator}' is not an evaluated run {sorted(runs())}")
+    run = harr_generator_settings().get("run")
+    if run is not None and run not in runs():
+        errors.append(f"config key 'harr.generator': '{run}' is not an evaluated run {sorted(runs())}")
     elif "retriever" not in method_of(harr_generator()["settings"]).inputs:
-        errors.append(f"config key 'harr.generator': run '{parsed.generator}' does not search (its method reads no retriever)")
+        errors.append(f"config key 'harr.generator': {run or 'the recipe'!r} does not search (its method reads no retriever)")
     if parsed.index not in config["retrieval"]["indexes"]:
         errors.append(f"config key 'harr.index': '{parsed.index}' is not a dense index of retrieval.indexes "
                       f"{sorted(config['retrieval']['indexes'])}")

@@ -3,7 +3,8 @@
 # environment: filter the training questions -> train the encoder (history-aware states, and the
 # query-only ablation) -> evaluate the frozen generator with the frozen / HARR / no-history encoder
 # (deterministic top-k) -> the encoders' recall@k on multi-hop questions -> tables harr_*. Jobs
-# exist only when config names `harr` (overlay config/harr.yaml).
+# exist when config names `harr` (the default does; `harr: null` drops them). A generator with
+# `serve` runs in a vLLM server that each job starts and stops (log.server).
 
 
 rule harr_filter:
@@ -18,9 +19,11 @@ rule harr_filter:
         name=lambda wc: harr_generator()["recipe"],
         harr=lambda wc: harr_json(),
         generator=harr_generator_arg,
+        endpoint=harr_endpoint_args,
         index=lambda wc, input: os.path.dirname(input.index),
     log:
-        "logs/harr/filter.log",
+        main="logs/harr/filter.log",
+        server="logs/harr/serve/filter.log",
     benchmark:
         "benchmarks/harr/filter.tsv"
     threads: rule_threads("harr_filter")
@@ -30,8 +33,9 @@ rule harr_filter:
         "../envs/train.yaml"
     shell:
         "python -m ragrl harr-filter --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
-        " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
-        " --threads {threads:q} --out {output.kept:q} > {log:q} 2>&1"
+        " --generator {params.generator:q} {params.endpoint:q} --server-log {log.server:q}"
+        " --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
+        " --threads {threads:q} --out {output.kept:q} > {log.main:q} 2>&1"
 
 
 rule harr_train:
@@ -49,11 +53,13 @@ rule harr_train:
         name=lambda wc: harr_generator()["recipe"],
         harr=lambda wc: harr_json(),
         generator=harr_generator_arg,
+        endpoint=harr_endpoint_args,
         index=lambda wc, input: os.path.dirname(input.index),
         history=lambda wc: harr_history_flag(wc.run),
         out=lambda wc, output: os.path.dirname(os.path.dirname(output.final)),
     log:
-        "logs/harr/train/{run}.log",
+        main="logs/harr/train/{run}.log",
+        server="logs/harr/serve/train/{run}.log",
     benchmark:
         "benchmarks/harr/train/{run}.tsv"
     wildcard_constraints:
@@ -65,8 +71,9 @@ rule harr_train:
         "../envs/train.yaml"
     shell:
         "python -m ragrl harr-train --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
-        " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
-        " --threads {threads:q} {params.history:q} --out-dir {params.out:q} --log-out {output.log:q} > {log:q} 2>&1"
+        " --generator {params.generator:q} {params.endpoint:q} --server-log {log.server:q}"
+        " --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
+        " --threads {threads:q} {params.history:q} --out-dir {params.out:q} --log-out {output.log:q} > {log.main:q} 2>&1"
 
 
 rule harr_eval:
@@ -82,6 +89,7 @@ rule harr_eval:
         name=lambda wc: harr_generator()["recipe"],
         harr=lambda wc: harr_json(),
         generator=harr_generator_arg,
+        endpoint=harr_endpoint_args,
         index=lambda wc, input: os.path.dirname(input.index),
         encoder=harr_encoder_args,
         history=lambda wc: harr_history_flag(wc.run),
@@ -89,7 +97,8 @@ rule harr_eval:
         batch_size=config["evaluation"]["batch_size"],
         out=lambda wc, output: os.path.dirname(output.metrics),
     log:
-        "logs/harr/eval/{run}/{dataset}.log",
+        main="logs/harr/eval/{run}/{dataset}.log",
+        server="logs/harr/serve/eval/{run}/{dataset}.log",
     benchmark:
         "benchmarks/harr/eval/{run}/{dataset}.tsv"
     wildcard_constraints:
@@ -101,10 +110,11 @@ rule harr_eval:
         "../envs/train.yaml"
     shell:
         "python -m ragrl harr-eval --recipe {params.recipe:q} --recipe-name {params.name:q} --harr {params.harr:q}"
-        " --generator {params.generator:q} --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
+        " --generator {params.generator:q} {params.endpoint:q} --server-log {log.server:q}"
+        " --index {params.index:q} --passages {input.passages:q} --qa {input.qa:q}"
         " --threads {threads:q} {params.history:q} {params.encoder:q} --run-id {wildcards.run:q}"
         " --dataset {wildcards.dataset:q} --max-questions {params.max_questions:q} --batch-size {params.batch_size:q}"
-        " --out {params.out:q} > {log:q} 2>&1"
+        " --out {params.out:q} > {log.main:q} 2>&1"
 
 
 rule harr_recall:
@@ -143,7 +153,7 @@ rule harr_manifest:
     params:
         model=config["models"]["embedding"],
         settings=lambda wc: recipe_json({"harr": harr().to_config(), "run": wc.run,
-                                         "generator": run_definition(harr_settings()["generator"]),
+                                         "generator": harr_generator_definition(),
                                          "world": config["world"]}),
         seeds=lambda wc: recipe_json({"world": config["world"]["seed"], "train": harr().train.seed}),
     log:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ragrl.recipe import HARR_RUNS, parse_harr
-from ragrl.stages.harr import multihop_recall, step_seed
+from ragrl.recipe import HARR_RUNS, harr_generator_spec, parse_harr
+from ragrl.stages.harr import GeneratorSource, multihop_recall, served, step_seed
 
 from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
 from test_retriever_rollout import world  # noqa: F401  (fixture: a toy index, passages and policy)
@@ -45,6 +45,43 @@ def test_parse_harr_checks_every_section_against_its_dataclass():
                         ({"eval_datasets": []}, "harr.eval_datasets"), ({"typo": 1}, "harr")]:
         with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
             parse_harr({**BASE, **bad})
+
+
+GEN_RECIPE = {"env": "search", "topk": 3, "rollout": {"max_turns": 4}}
+
+
+def test_the_generator_is_a_run_or_an_outside_checkpoint_and_says_how_it_is_served():
+    assert harr_generator_spec("search_r1_rl") == {"run": "search_r1_rl"}
+    served_spec = harr_generator_spec({"model": "org/searcher", "recipe": GEN_RECIPE,
+                                       "serve": {"args": ["--dtype", "bfloat16"]}})
+    assert served_spec["serve"] == {"args": ["--dtype", "bfloat16"]} and served_spec["recipe"]["env"] == "search"
+    # env defaults as in a recipes entry, and is filled in for the workflow to read
+    assert harr_generator_spec({"model": "m", "recipe": {"topk": 2}})["recipe"]["env"] == "search"
+    external = harr_generator_spec({"run": "search_r1_sft", "base_url": "http://h:8000", "served_name": "g"})
+    assert external == {"run": "search_r1_sft", "base_url": "http://h:8000", "served_name": "g"}
+    assert "serve" not in harr_generator_spec({"run": "r", "serve": None})  # an overlay's null: in process
+    for bad, needle in [({"model": "m"}, r"harr\.generator\.recipe'.*needs the recipe settings"),
+                        ({"run": "r", "model": "m", "recipe": {}}, "exactly one of run"),
+                        ({"recipe": GEN_RECIPE}, "exactly one of run"),
+                        ({"run": "r", "recipe": GEN_RECIPE}, "brings its own recipe"),
+                        ({"run": "r", "base_url": "http://h", "serve": True}, "exclude each other"),
+                        ({"run": "r", "serve": {"argz": []}}, r"harr\.generator\.serve\.argz"),
+                        ({"run": "r", "served_name": "g"}, "only with base_url"),
+                        ({"run": "r", "port": 1}, r"harr\.generator\.port"),
+                        ({"model": "m", "recipe": {"rollout": {"max_turnz": 2}}}, r"harr\.generator\.recipe\.rollout"),
+                        ("", "a run name or a mapping"), (None, "a run name or a mapping")]:
+        with pytest.raises(ValueError, match=needle):
+            harr_generator_spec(bad)
+    with pytest.raises(ValueError, match=r"harr\.generator"):
+        parse_harr({**BASE, "generator": {"model": "m"}})
+    assert parse_harr({**BASE, "generator": {"run": "x", "serve": True}}).generator == {"run": "x", "serve": True}
+
+
+def test_served_starts_nothing_for_an_in_process_or_external_generator():
+    for source in (GeneratorSource("m"), GeneratorSource("m", {"base_url": "http://127.0.0.1:9", "served_name": "g"}),
+                   GeneratorSource("m", {"serve": False})):
+        with served(source) as got:
+            assert got is source
 
 
 def test_the_three_evaluated_runs():

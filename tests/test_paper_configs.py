@@ -31,9 +31,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-# The search-agent papers share one shape (corpus, dense index, one recipe); KG-R1 has its own test.
-PAPER = sorted(p for p in (REPO / "config/paper").glob("*.yaml") if p.stem != "kg_r1")
+# The search-agent papers share one shape (corpus, dense index, one recipe); KG-R1 and HARR (no
+# policy trained: the retriever is) have their own tests.
+PAPER = sorted(p for p in (REPO / "config/paper").glob("*.yaml") if p.stem not in ("kg_r1", "harr"))
 KG_PAPER = REPO / "config/paper/kg_r1.yaml"
+HARR_PAPER = REPO / "config/paper/harr.yaml"
 DATASETS = ["nq_test", "triviaqa_test", "popqa_test", "hotpotqa_dev", "2wiki_dev", "musique_dev", "bamboogle_test"]
 
 _FAKE_CONDA = """#!/bin/sh
@@ -239,3 +241,38 @@ def test_kg_r1_paper_config_resolves_train_and_transfer_evaluations(tmp_path):
     assert counts.get("rl") == 2 and counts.get("eval") == 2 and "sft" not in counts, counts
     assert re.search(r"ragrl eval .*--dataset trex_test --qa \S+ --kg data/kgqa/trex --kg-mode subgraph "
                      r".*--run-id kg_r1_webqsp_rl", out), "the transfer evaluation does not read the T-REx KG"
+
+
+def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path):
+    """HARR: no policy recipe; filter -> two encoder trainings -> three encoders x three sets,
+    every HARR job with the published Search-R1 checkpoint behind the vLLM server it starts, the
+    authors' settings, and the GPUs the cluster profile asks for."""
+    config = _merged(HARR_PAPER)
+    assert config["recipes"] == {} and all(f.startswith("data/") for f in _source_files(config))
+    assert not any(name.startswith("world") or name.endswith("_example") for name in [*config["corpora"], *config["datasets"]])
+    sys.path.insert(0, str(REPO / "src"))
+    from ragrl.recipe import parse_harr
+
+    harr = parse_harr(copy.deepcopy(config["harr"]))
+    assert (harr.train.steps, harr.train.questions_per_step, harr.train.group_size, harr.train.lr, harr.train.alpha,
+            harr.environment.pool_size, harr.environment.topk, harr.encoder.lora_r, harr.encoder.lora_alpha) == (
+        100, 16, 8, 1e-5, 0.05, 30, 3, 32, 64)
+    assert config["models"]["embedding"] == "Qwen/Qwen3-Embedding-0.6B" and harr.recall_k == ()
+    proc, seconds = _dry_run(HARR_PAPER, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert seconds < 60, f"dry run took {seconds:.1f} s"
+    counts = _job_counts(out)
+    expected = {"corpus": 1, "qa": 4, "embed_shard": 16, "index": 1, "harr_filter": 1, "harr_train": 2,
+                "harr_eval": 9, "harr_manifest": 3, "results_db": 1, "results_tables": 1}
+    for rule, n in expected.items():
+        assert counts.get(rule) == n, f"{rule}: {counts.get(rule)} jobs planned, expected {n}; plan: {counts}"
+    for rule in ("harr_recall", "rl", "sft", "eval", "pretrain", "tiny_model", "policy_generate"):
+        assert rule not in counts, counts
+    _assert_gpu_rules_request_gpus(out, config, counts)
+    model = config["harr"]["generator"]["model"]
+    commands = [ln for ln in out.splitlines() if re.search(r"python -m ragrl harr-(filter|train|eval) ", ln)]
+    assert len(commands) == 12, len(commands)
+    for line in commands:
+        assert f"--generator {model} " in line and "--generator-endpoint" in line and '"serve"' in line, line
+        assert "--server-log logs/harr/serve/" in line, line

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ragrl.recipe import HARR_RUNS
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 TWINS = sorted((REPO / "config/test").glob("*.yaml"))
@@ -76,5 +78,15 @@ def test_twin_runs_the_whole_dag(twin, tmp_path):
         if settings["sft"].get("source") == "import":
             stats = yaml.safe_load((tmp_path / f"results/sft_data/{name}.stats.json").read_text())
             assert stats["source"] == "import:chat_json" and stats["kept"] >= 3
+    harr = paper_cfg.get("harr")
+    if harr:  # HARR's three runs on every evaluation set, both encoders trained for the twin's steps
+        settings = {**harr, **(twin_cfg.get("harr") or {})}
+        for run in HARR_RUNS:
+            done = {r[0] for r in con.execute("select distinct dataset from evals where run_id = ?", [run]).fetchall()}
+            assert done == set(settings["eval_datasets"]), (run, done)
+        trained_steps = {**harr["train"], **settings["train"]}["steps"]
+        assert steps.get("harr") == steps.get("harr_no_history") == trained_steps, steps
+        for name in ("harr_em", "harr_f1"):
+            assert "harr_no_history" in (tmp_path / f"results/tables/{name}.md").read_text()
     tables = list((tmp_path / "results/tables").glob("*.md"))
     assert tables, "no table written"

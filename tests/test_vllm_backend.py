@@ -416,3 +416,46 @@ def test_teacher_sft_route_through_the_cli(server, tmp_path):
     assert proc.returncode == 2, text[-3000:]
     assert "no SFT trajectories" in text and "'source': 'teacher'" in text and "'total': 6" in text, text[-2000:]
     assert not out.exists()
+
+
+def test_harr_eval_with_the_generator_behind_vllm_matches_in_process(server, tmp_path):
+    """HARR's frozen generator served by vLLM (config/paper/harr.yaml serves it): `ragrl harr-eval`
+    with --generator-endpoint calls the real server and gives, greedy, the predictions the same
+    generator gives loaded in process (HF), over a real FAISS index and the MiniLM query encoder."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from ragrl.recipe import parse_harr, parse_recipe
+    from ragrl.retrieval.dense import build_faiss_index, embed_shard
+    from ragrl.stages.harr import eval_stage
+
+    root = tmp_path
+    write_world(server.world, root / "world")
+    passages = root / "world/passages.parquet"
+    embed_shard(passages, "sentence-transformers/all-MiniLM-L6-v2", 0, 1, root / "shard-0-of-1.npy", batch_size=64)
+    build_faiss_index([root / "shard-0-of-1.npy"], "Flat", root / "index", passages=passages)
+    recipe = {"env": "search", "topk": 2,
+              "rollout": {"max_turns": 2, "max_turn_tokens": 24, "max_obs_tokens": 200, "max_response_tokens": 300}}
+    harr = {"generator": {"model": str(server.model_dir), "recipe": recipe,
+                          "base_url": server.url, "served_name": SERVED_NAME},
+            "index": "flat", "train_dataset": "world_train", "eval_datasets": ["world_test"],
+            "environment": {"topk": 2, "pool_size": 6, "template": "{state}"}}
+    qa = root / "world/qa/test.parquet"
+    common = ["--recipe", json.dumps(recipe), "--harr", json.dumps(harr), "--generator", str(server.model_dir),
+              "--index", str(root / "index"), "--passages", str(passages), "--qa", str(qa), "--run-id", "harr_frozen",
+              "--dataset", "world_test", "--max-questions", "6", "--batch-size", "3", "--no-history"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO / "src"))
+    endpoint = json.dumps({"base_url": server.url, "served_name": SERVED_NAME})
+    proc = subprocess.run([sys.executable, "-m", "ragrl", "harr-eval", *common, "--generator-endpoint", endpoint,
+                           "--out", str(root / "served")], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert f"served at {server.url}" in proc.stdout + proc.stderr
+    eval_stage(parse_recipe(recipe, "g"), parse_harr(harr), qa, root / "index", passages, server.model_dir,
+               root / "local", run_id="harr_frozen", dataset="world_test", encoder=None, use_history=False,
+               max_questions=6, batch_size=3)
+    served, local = (pq.read_table(root / d / "predictions.parquet").to_pylist() for d in ("served", "local"))
+    assert len(served) == 6
+    keys = ("id", "prediction", "queries", "searches", "generated_tokens")
+    assert [[r[k] for k in keys] for r in served] == [[r[k] for k in keys] for r in local]
+    assert all(r["generated_tokens"] > 0 for r in served)

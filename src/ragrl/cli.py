@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -64,7 +65,6 @@ def _cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def _json_arg(text: str) -> dict:
-    import json
 
     value = json.loads(text)
     if not isinstance(value, dict):
@@ -345,7 +345,6 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _cmd_run_manifest(args: argparse.Namespace) -> None:
-    import json
 
     from ragrl.stages.manifest import run_manifest
 
@@ -355,7 +354,6 @@ def _cmd_run_manifest(args: argparse.Namespace) -> None:
 
 
 def _cmd_results_build(args: argparse.Namespace) -> None:
-    import json
 
     from ragrl.results import build_database
 
@@ -368,7 +366,6 @@ def _cmd_results_build(args: argparse.Namespace) -> None:
 
 
 def _cmd_results_tables(args: argparse.Namespace) -> None:
-    import json
 
     from ragrl.results import render_tables
 
@@ -398,29 +395,39 @@ def _harr(args: argparse.Namespace):
     return (_recipe(args) if getattr(args, "recipe", None) else None), parse_harr(args.harr)
 
 
+def _harr_generator(args: argparse.Namespace):
+    from ragrl.stages.harr import GeneratorSource
+
+    return GeneratorSource(args.generator, dict(args.generator_endpoint or {}), args.server_log)
+
+
 def _cmd_harr_filter(args: argparse.Namespace) -> None:
-    from ragrl.stages.harr import filter_stage
+    from ragrl.stages.harr import filter_stage, served
 
     recipe, harr = _harr(args)
-    filter_stage(recipe, harr, args.qa, args.index, args.passages, args.generator, args.out)
+    with served(_harr_generator(args)) as generator:
+        filter_stage(recipe, harr, args.qa, args.index, args.passages, generator, args.out)
 
 
 def _cmd_harr_train(args: argparse.Namespace) -> None:
-    from ragrl.stages.harr import train_stage
+    from ragrl.stages.harr import served, train_stage
 
     recipe, harr = _harr(args)
-    final = train_stage(recipe, harr, args.qa, args.index, args.passages, args.generator, args.out_dir,
-                        use_history=args.history, log_out=args.log_out)
+    with served(_harr_generator(args)) as generator:
+        final = train_stage(recipe, harr, args.qa, args.index, args.passages, generator, args.out_dir,
+                            use_history=args.history, log_out=args.log_out)
     print(f"HARR encoder written to {final}")
 
 
 def _cmd_harr_eval(args: argparse.Namespace) -> None:
-    from ragrl.stages.harr import eval_stage
+    from ragrl.stages.harr import eval_stage, served
 
     recipe, harr = _harr(args)
-    metrics = eval_stage(recipe, harr, args.qa, args.index, args.passages, args.generator, args.out,
-                         run_id=args.run_id, dataset=args.dataset, encoder=args.encoder, use_history=args.history,
-                         max_questions=args.max_questions or None, batch_size=args.batch_size)
+    with served(_harr_generator(args)) as generator:
+        metrics = eval_stage(recipe, harr, args.qa, args.index, args.passages, generator, args.out,
+                             run_id=args.run_id, dataset=args.dataset, encoder=args.encoder,
+                             use_history=args.history, max_questions=args.max_questions or None,
+                             batch_size=args.batch_size)
     print(f"{args.run_id} on {args.dataset}: {metrics['metrics']}")
 
 
@@ -437,7 +444,12 @@ def _harr_args(p: argparse.ArgumentParser, generator: bool = True) -> None:
         p.add_argument("--recipe", required=True,
                        help="the generator run's recipe as one JSON object (its rollout settings)")
         p.add_argument("--recipe-name", default="recipe", help="its name in config, used in error messages")
-        p.add_argument("--generator", type=Path, required=True, help="the frozen generator's checkpoint (HF)")
+        p.add_argument("--generator", required=True, help="the frozen generator's checkpoint: a dir or a hub id")
+        p.add_argument("--generator-endpoint", type=json.loads, default=None,
+                       help="JSON: how the generator is served: {base_url, served_name?} (external OpenAI-compatible "
+                            "endpoint) or {serve: true | {python, args, startup_timeout_s, served_name}} (a vLLM "
+                            "server this job starts and stops); default: loaded in process (HF)")
+        p.add_argument("--server-log", type=Path, help="log of the generator server this job starts (with serve)")
     p.add_argument("--harr", required=True, help="config `harr` as one JSON object (ragrl.recipe.parse_harr)")
     p.add_argument("--index", type=Path, required=True, help="the dense index dir (reused unchanged)")
     p.add_argument("--passages", type=Path, required=True, help="the passages parquet the index was built from")

@@ -86,10 +86,11 @@ def _section(data: dict, name: str, key: str) -> dict:
     return dict(value)
 
 
-def parse_recipe(raw: str | dict, name: str = "recipe") -> Recipe:
-    """The recipe, every section checked (rollout, sft, rl, reward, turn_reward, options)."""
+def parse_recipe(raw: str | dict, name: str = "recipe", key: str | None = None) -> Recipe:
+    """The recipe, every section checked (rollout, sft, rl, reward, turn_reward, options); `key` is
+    where it sits in config (default recipes.<name>), for error messages."""
     data = json.loads(raw) if isinstance(raw, str) else dict(raw)
-    key = f"recipes.{name}"
+    key = key or f"recipes.{name}"
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(TOP_KEYS)}")
@@ -238,9 +239,48 @@ HARR_KEYS = ("generator", "index", "train_dataset", "eval_datasets", "filter", "
 HARR_RUNS = {"harr_frozen": (False, False), "harr": (True, True), "harr_no_history": (True, False)}
 
 
+# harr.generator as a mapping: a run of this workflow (`run`) or an outside checkpoint (`model`, with
+# the `recipe` settings it runs under: env, topk, rollout budgets), and how it is served: `base_url`
+# (an external OpenAI-compatible endpoint, `served_name` its model name), `serve` (a vLLM server each
+# job starts on it, ragrl.serving), or neither (loaded in process, HF).
+HARR_GENERATOR_KEYS = {"run": str, "model": str, "recipe": dict, "base_url": str, "served_name": str}
+
+
+def harr_generator_spec(raw: Any, key: str = "harr.generator") -> dict:
+    """harr.generator normalised to a mapping: a plain string names a run ({"run": name})."""
+    if isinstance(raw, str):
+        if not raw:
+            raise ValueError(f"config key '{key}': a run name or a mapping is required, got ''")
+        return {"run": raw}
+    if not isinstance(raw, dict):
+        raise ValueError(f"config key '{key}': a run name or a mapping ({sorted(HARR_GENERATOR_KEYS)} and serve), "
+                         f"got {raw!r}")
+    data = dict(raw)
+    serve = data.pop("serve", None)
+    spec = _typed(data, HARR_GENERATOR_KEYS, key)
+    if ("run" in spec) == ("model" in spec):
+        raise ValueError(f"config key '{key}': name exactly one of run (a run of this workflow) and model "
+                         f"(an outside checkpoint), got {sorted(spec)}")
+    if "model" in spec:
+        if "recipe" not in spec:
+            raise ValueError(f"config key '{key}.recipe': model {spec['model']!r} needs the recipe settings it runs "
+                             "under (env, topk, rollout, ...), as a recipes entry has them")
+        # Normalised with the method it resolves to, so the workflow reads env as from a recipe entry.
+        spec["recipe"] = {**spec["recipe"], "env": parse_recipe(spec["recipe"], "generator", key=f"{key}.recipe").env}
+    elif "recipe" in spec:
+        raise ValueError(f"config key '{key}.recipe': run {spec['run']!r} brings its own recipe; drop this key")
+    if serve not in (None, False):
+        _check_serve(serve, "base_url" in spec, key)
+        spec["serve"] = serve
+    if "served_name" in spec and "base_url" not in spec:
+        raise ValueError(f"config key '{key}.served_name': only with base_url (a server this job starts takes "
+                         "serve.served_name)")
+    return spec
+
+
 @dataclass(frozen=True)
 class HarrRecipe:
-    generator: str
+    generator: str | dict
     index: str
     train_dataset: str
     eval_datasets: tuple[str, ...]
@@ -266,16 +306,17 @@ def parse_harr(raw: str | dict, key: str = "harr") -> HarrRecipe:
     unknown = sorted(set(data) - set(HARR_KEYS))
     if unknown:
         raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(HARR_KEYS)}")
-    for name in ("generator", "index", "train_dataset"):
+    harr_generator_spec(data.get("generator"), f"{key}.generator")
+    for name in ("index", "train_dataset"):
         if not isinstance(data.get(name), str) or not data[name]:
             raise ValueError(f"config key '{key}.{name}': a name is required, got {data.get(name)!r}")
     evals = data.get("eval_datasets") or []
     if not isinstance(evals, list) or not evals or not all(isinstance(d, str) and d for d in evals):
         raise ValueError(f"config key '{key}.eval_datasets': a non-empty list of dataset names, got {evals!r}")
     ks = data.get("recall_k", [1, 3, 5])
-    if not isinstance(ks, list) or not ks or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1
-                                                     for k in ks):
-        raise ValueError(f"config key '{key}.recall_k': a non-empty list of integers >= 1, got {ks!r}")
+    # Empty: no recall jobs (a corpus whose QA rows name no supporting passages, e.g. wiki-18 + FlashRAG).
+    if not isinstance(ks, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
+        raise ValueError(f"config key '{key}.recall_k': a list of integers >= 1 ([]: no recall), got {ks!r}")
     limit = data.get("filter_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"config key '{key}.filter_limit': an integer >= 1 or null, got {limit!r}")

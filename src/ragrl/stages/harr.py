@@ -1,9 +1,11 @@
 """HARR's stages (docs/HARR.md): filter the training questions, train the query encoder, evaluate a
 frozen generator with an encoder, and the encoders' retrieval recall@k on multi-hop questions.
 
-Each function is what one CLI command (one Snakemake rule) runs. The frozen generator is a trained
-agent run's checkpoint with its recipe's rollout settings (HF backend); every `<search>` goes
-through ragrl.train.retriever_rollout.HistoryAwareSearchEnvironment over the unchanged FAISS index.
+Each function is what one CLI command (one Snakemake rule) runs. The frozen generator is a
+checkpoint (a trained agent run's, or an outside one) with its recipe's rollout settings, loaded in
+process (HF) or behind an OpenAI-compatible endpoint (`GeneratorSource`; `served` starts the vLLM
+server a job owns); every `<search>` goes through
+ragrl.train.retriever_rollout.HistoryAwareSearchEnvironment over the unchanged FAISS index.
 The generator decodes at `environment.generator_temperature` (0: greedy), so the only randomness
 in training is the Plackett-Luce draw of the retrieval.
 """
@@ -13,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,14 +101,54 @@ def _policy(meta: Mapping[str, Any], harr: HarrRecipe, encoder: Path | None, tra
     return policy
 
 
-def _engine(recipe: Recipe, harr: HarrRecipe, generator_model: Path, env):
-    from ragrl.agent.generation import HFGenerator
+@dataclasses.dataclass(frozen=True)
+class GeneratorSource:
+    """The frozen generator: `model` (a checkpoint dir or hub id) loaded in process when `endpoint`
+    is empty; else served: {base_url, served_name?} (an OpenAI-compatible endpoint) or {serve: true |
+    settings} (a vLLM server that `served` starts, logging to `server_log`)."""
+
+    model: str
+    endpoint: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    server_log: Path | None = None
+
+
+@contextmanager
+def served(source: GeneratorSource) -> Iterator[GeneratorSource]:
+    """The source with a base_url to call: a `serve` endpoint's vLLM server is started here and
+    stopped on exit (ragrl.serving: also on SIGTERM and when the job dies); others pass through."""
+    serve = source.endpoint.get("serve")
+    if source.endpoint.get("base_url") or serve in (None, False):
+        yield source
+        return
+    from ragrl.serving import model_server
+    from ragrl.stages.agent import served_model
+
+    spec = served_model({"model": source.model, "serve": serve},
+                        source.server_log or Path("logs/serve/harr-generator.log"))
+    with model_server(spec) as url:
+        yield dataclasses.replace(source, endpoint={"base_url": url, "served_name": spec.served_name})
+
+
+def _engine(recipe: Recipe, harr: HarrRecipe, generator: GeneratorSource | Path | str, env):
     from ragrl.agent.rollout import RolloutEngine
 
-    started = time.monotonic()
-    hf = HFGenerator.from_pretrained(generator_model, device="cpu")
-    print(f"[harr] generator {generator_model} loaded in {time.monotonic() - started:.1f}s", flush=True)
+    source = generator if isinstance(generator, GeneratorSource) else GeneratorSource(str(generator))
     cfg = dataclasses.replace(recipe.rollout, temperature=harr.environment.generator_temperature, n=1)
+    base_url = source.endpoint.get("base_url")
+    if base_url:
+        import transformers
+
+        from ragrl.agent.generation import OpenAICompletionsGenerator
+
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source.model)
+        gen = OpenAICompletionsGenerator(base_url, source.endpoint.get("served_name") or source.model)
+        print(f"[harr] generator {source.model} served at {base_url}", flush=True)
+        return RolloutEngine(gen, tokenizer, env, cfg)
+    from ragrl.agent.generation import HFGenerator
+
+    started = time.monotonic()
+    hf = HFGenerator.from_pretrained(source.model, device="cpu")
+    print(f"[harr] generator {source.model} loaded in {time.monotonic() - started:.1f}s", flush=True)
     return RolloutEngine(hf, hf.tokenizer, env, cfg)
 
 
@@ -130,7 +173,7 @@ def _rows(qa: Path, limit: int | None = None) -> list[dict]:
 # --- the stages -----------------------------------------------------------------------------------
 
 
-def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: Path,
+def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: GeneratorSource | Path,
                  out: Path) -> dict:
     """HARR's training filter: G stochastic rollouts of each question with the initial encoder
     (history-aware states); keep the questions whose answer F1 varies. Writes the kept QA rows
@@ -176,7 +219,8 @@ def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pa
     return stats
 
 
-def train_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: Path,
+def train_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path,
+                generator: GeneratorSource | Path,
                 out_dir: Path, *, use_history: bool, log_out: Path | None = None) -> Path:
     """train_retriever with rollout_groups as its rollout callback; the sampler is reseeded from
     (seed, step) before each step's rollouts, so a resumed run repeats the same draws. Returns
@@ -229,7 +273,8 @@ def _predictions(engine, env, rows: Sequence[dict], batch_size: int, desc: str) 
     return out
 
 
-def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: Path,
+def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path,
+               generator: GeneratorSource | Path,
                out_dir: Path, *, run_id: str, dataset: str, encoder: Path | None, use_history: bool,
                max_questions: int | None = None, batch_size: int = 32) -> dict:
     """The frozen generator with `encoder` (None: the index's own) in deterministic top-k mode:
