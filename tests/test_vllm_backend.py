@@ -459,3 +459,41 @@ def test_harr_eval_with_the_generator_behind_vllm_matches_in_process(server, tmp
     keys = ("id", "prediction", "queries", "searches", "generated_tokens")
     assert [[r[k] for k in keys] for r in served] == [[r[k] for k in keys] for r in local]
     assert all(r["generated_tokens"] > 0 for r in served)
+
+
+def test_knowrl_paper_backend_over_vllm(server, tmp_path):
+    """KnowRL's paper backend (atomic facts, LLM verification, the SimpleQA-style grader) against the
+    real vLLM server: vLLM accepts every request, and whatever the untrained tiny model replies (no
+    fact list, no verdict, no grade) is read without a crash. KnowRL's own few-shot prompts are
+    over 2,048 tokens in the tiny model's 600-token vocabulary (vLLM rejects them, and the backend
+    raises naming the endpoint and vLLM's reason), so the prompts here are short ones with the same
+    placeholders. What the replies mean is tested against the rule-based stand-in in
+    tests/test_factscore.py."""
+    import json
+
+    from ragrl.factscore.paper import GRADES, ChatEndpoint, LLMGrader, PaperFactScorer
+    from ragrl.kb.build import build_kb
+
+    passage = "Ossel Bridge spans the Tamm. It opened in 1887."
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"title": "Ossel Bridge", "text": passage}) + "\n")
+    build_kb([tmp_path / "docs.jsonl"], tmp_path / "knowledge_base.db")
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "atomic_facts.txt").write_text("List the independent atomic facts.\nText: {text}\nFacts:")
+    (prompts / "verify.txt").write_text("Context about {topic}:\n{context}\nStatement: {fact}\nTrue or False?")
+    (prompts / "grader.txt").write_text("Question: {question}\nGold target: {gold_answer}\n"
+                                        "Predicted answer: {answer}\nGrade: A, B or C?")
+    endpoint = ChatEndpoint(server.url, SERVED_NAME, max_tokens=16, timeout_s=300, max_retries=1)
+    scorer = PaperFactScorer(tmp_path / "knowledge_base.db", endpoint, prompts_dir=prompts)
+    fs = scorer.score("Ossel Bridge", "Ossel Bridge spans the Tamm. It opened in 1901.")
+    assert not fs.missing_topic and 0.0 <= fs.score <= 1.0
+    assert endpoint.requests == 1 + fs.n_facts  # one extraction, one verification per fact
+    facts = ["Ossel Bridge spans the Tamm.", "Ossel Bridge opened in 1901."]
+    verdicts = scorer.verify("Ossel Bridge", facts, [("Ossel Bridge", passage)])
+    assert [v.fact for v in verdicts] == facts and all(isinstance(v.supported, bool) for v in verdicts)
+    assert endpoint.requests == 3 + fs.n_facts
+    grades = LLMGrader(endpoint, prompts_dir=prompts).grade_many([("Who designed Ossel Bridge?", ["Ida Marrow"], "Ida Marrow"),
+                                             ("Who designed Ossel Bridge?", ["Ida Marrow"], None)])
+    assert grades[0] in GRADES and grades[1] == "incorrect"  # no answer: incorrect without a request
+    assert endpoint.requests == 4 + fs.n_facts
+    endpoint.close()
