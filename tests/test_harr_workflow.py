@@ -11,19 +11,26 @@ import re
 
 import pytest
 
-from test_workflow import TINY, _snakemake
+from test_workflow import REPO, TINY, _snakemake
 
 HARR_RUNS = ["harr_frozen", "harr", "harr_no_history"]
 
 
-def harr_tiny_config() -> dict:
+def harr_tiny_config(outside_generator: bool = False) -> dict:
     """The workflow test's tiny world with one search recipe, no baselines, and HARR on a tiny budget.
 
-    The filter is off: the tiny generator (a random policy after a few SFT steps) answers nothing
-    right, so no question's F1 varies and the filter would keep none (tested in tests/test_harr_stage.py).
+    The filter is off: the tiny generator answers nothing right, so no question's F1 varies and
+    the filter would keep none (tested in tests/test_harr_stage.py).
+
+    `outside_generator`: the generator is the shipped pretrained policy (an outside checkpoint with
+    the search recipe's settings) and no recipe is trained. The end-to-end run uses it: a run-named
+    generator would make this test train and evaluate the whole Search-R1 recipe first (SFT, RL,
+    two evaluations: ~200 s of job time); the dry runs below keep the run-named form, and the
+    default `make run` runs it.
     """
     cfg = copy.deepcopy(TINY)
-    cfg["recipes"] = {"search_r1": cfg["recipes"]["search_r1"]}
+    search = cfg["recipes"]["search_r1"]
+    cfg["recipes"] = {"search_r1": search}
     cfg["evaluation"].update(baselines=False, oracle=False, max_questions=4, batch_size=4)
     cfg["retrieval"].update(bm25=False, hybrid=False)
     cfg["retrieval"]["eval"]["datasets"] = []
@@ -35,6 +42,11 @@ def harr_tiny_config() -> dict:
         "encoder": {"lora": True, "lora_r": 4, "lora_alpha": 8},
         "train": {"steps": 2, "questions_per_step": 2, "group_size": 2, "lr": 1e-4, "checkpoint_every": 1},
     }
+    if outside_generator:
+        (shipped,) = (REPO / "resources/pretrained").glob("*/config.json")
+        cfg["recipes"] = {}
+        cfg["harr"]["generator"] = {"model": f"resources/pretrained/{shipped.parent.name}",
+                                    "recipe": {k: search[k] for k in ("env", "topk", "rollout")}}
     return cfg
 
 
@@ -49,8 +61,9 @@ def _number(cell: str) -> float:
 
 @pytest.mark.integration
 def test_harr_dag_makes_its_tables(tmp_path):
-    proc = _snakemake(tmp_path, harr_tiny_config())
+    proc = _snakemake(tmp_path, harr_tiny_config(outside_generator=True))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not (tmp_path / "results/models").exists()  # nothing trained but the encoders
     tables = tmp_path / "results/tables"
     for name, dataset in (("harr_em", "world_test"), ("harr_f1", "world_test"), ("harr_recall", "world_test_multihop"),
                           ("harr_all", "world_test_multihop")):
@@ -104,3 +117,5 @@ def test_the_harr_dry_run_plans_every_job(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = dict(re.findall(r"^(harr_\w+)\s+(\d+)$", proc.stdout, re.M))
     assert counts == {"harr_filter": "1", "harr_train": "2", "harr_eval": "3", "harr_recall": "3", "harr_manifest": "3"}
+    # A run-named generator is built first: its recipe's SFT and merge are in the plan.
+    assert re.search(r"^merge_sft\s+1$", proc.stdout, re.M) and re.search(r"^sft\s+1$", proc.stdout, re.M), proc.stdout
