@@ -25,18 +25,16 @@ from ragrl.retrieval.factory import factory_error  # noqa: E402
 
 
 # A --configfile is merged into config/config.yaml key by key and cannot remove an entry, so in the
-# named collections an entry set to null (`recipes: {rag_r1: null}`) removes the default's entry.
+# named collections an entry set to null (`recipes: {rag_r1: null}`) removes the default's entry,
+# and so does a top-level section set to null (`harr: null`, before validation fills defaults in).
 # config/paper/*.yaml use this to drop the embedded default's toy corpora, datasets and recipes.
-for _path in (("corpora",), ("datasets",), ("recipes",), ("kgs",), ("retrieval", "indexes"), ("resources", "rules")):
+for _path in ((), ("corpora",), ("datasets",), ("recipes",), ("kgs",), ("retrieval", "indexes"), ("resources", "rules")):
     _node = config
     for _key in _path:
         _node = _node.get(_key) if isinstance(_node, dict) else None
     if isinstance(_node, dict):
         for _name in [k for k, v in _node.items() if v is None]:
             del _node[_name]
-# `harr: null` drops the default's HARR section (before validation fills in its defaults).
-if "harr" in config and config["harr"] is None:
-    del config["harr"]
 
 _errors = config_errors(config, Path(workflow.basedir) / "config/schemas/config.schema.yaml")
 if _errors:
@@ -601,8 +599,8 @@ def constructor_model(wildcards, input):
 
 # ---------------------------------------------------------------- HARR (rules/harr.smk)
 # Jobs exist when config names `harr` (the default does; `harr: null` drops them): filter ->
-# train (HARR, and the no-history ablation) -> evaluation of the frozen generator with the frozen / HARR /
-# no-history encoder -> the encoders' recall@k on multi-hop questions -> tables harr_*.
+# train (HARR, and the no-history ablation) -> evaluation of the frozen generator with the
+# frozen / HARR / no-history encoder -> the encoders' recall@k on multi-hop questions -> tables.
 
 
 def harr_settings():
@@ -754,7 +752,8 @@ def _check_harr():
     if run is not None and run not in runs():
         errors.append(f"config key 'harr.generator': '{run}' is not an evaluated run {sorted(runs())}")
     elif "retriever" not in method_of(harr_generator()["settings"]).inputs:
-        errors.append(f"config key 'harr.generator': {run or 'the recipe'!r} does not search (its method reads no retriever)")
+        what = f"run '{run}'" if run else "its recipe"
+        errors.append(f"config key 'harr.generator': {what} does not search (its method reads no retriever)")
     if parsed.index not in config["retrieval"]["indexes"]:
         errors.append(f"config key 'harr.index': '{parsed.index}' is not a dense index of retrieval.indexes "
                       f"{sorted(config['retrieval']['indexes'])}")

@@ -10,6 +10,7 @@ composition and writes a checkpoint that verl's real model merger then merges.
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -80,12 +81,14 @@ def test_twin_runs_the_whole_dag(twin, tmp_path):
             assert stats["source"] == "import:chat_json" and stats["kept"] >= 3
     harr = paper_cfg.get("harr")
     if harr:  # HARR's three runs on every evaluation set, both encoders trained for the twin's steps
-        settings = {**harr, **(twin_cfg.get("harr") or {})}
+        from snakemake.utils import update_config  # how Snakemake layers the twin over the paper config
+
+        settings = copy.deepcopy(harr)
+        update_config(settings, twin_cfg.get("harr") or {})
         for run in HARR_RUNS:
             done = {r[0] for r in con.execute("select distinct dataset from evals where run_id = ?", [run]).fetchall()}
             assert done == set(settings["eval_datasets"]), (run, done)
-        trained_steps = {**harr["train"], **settings["train"]}["steps"]
-        assert steps.get("harr") == steps.get("harr_no_history") == trained_steps, steps
+        assert steps.get("harr") == steps.get("harr_no_history") == settings["train"]["steps"], steps
         for name in ("harr_em", "harr_f1"):
             assert "harr_no_history" in (tmp_path / f"results/tables/{name}.md").read_text()
     tables = list((tmp_path / "results/tables").glob("*.md"))

@@ -65,7 +65,6 @@ def _cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def _json_arg(text: str) -> dict:
-
     value = json.loads(text)
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object, got {text!r}")
@@ -345,7 +344,6 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _cmd_run_manifest(args: argparse.Namespace) -> None:
-
     from ragrl.stages.manifest import run_manifest
 
     manifest = run_manifest(args.run_id, args.recipe_name, args.model, args.stage, json.loads(args.settings),
@@ -354,7 +352,6 @@ def _cmd_run_manifest(args: argparse.Namespace) -> None:
 
 
 def _cmd_results_build(args: argparse.Namespace) -> None:
-
     from ragrl.results import build_database
 
     benchmarks = sorted(Path(args.benchmarks_dir).rglob("*.tsv")) if args.benchmarks_dir else []
@@ -366,7 +363,6 @@ def _cmd_results_build(args: argparse.Namespace) -> None:
 
 
 def _cmd_results_tables(args: argparse.Namespace) -> None:
-
     from ragrl.results import render_tables
 
     for path in render_tables(args.db, json.loads(args.tables), args.out_dir):
@@ -445,7 +441,7 @@ def _harr_args(p: argparse.ArgumentParser, generator: bool = True) -> None:
                        help="the generator run's recipe as one JSON object (its rollout settings)")
         p.add_argument("--recipe-name", default="recipe", help="its name in config, used in error messages")
         p.add_argument("--generator", required=True, help="the frozen generator's checkpoint: a dir or a hub id")
-        p.add_argument("--generator-endpoint", type=json.loads, default=None,
+        p.add_argument("--generator-endpoint", type=_json_arg, default=None,
                        help="JSON: how the generator is served: {base_url, served_name?} (external OpenAI-compatible "
                             "endpoint) or {serve: true | {python, args, startup_timeout_s, served_name}} (a vLLM "
                             "server this job starts and stops); default: loaded in process (HF)")

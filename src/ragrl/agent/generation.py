@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -193,6 +194,17 @@ def cut_at_strings(ids: list[int], tokenizer, stop_strings: Sequence[str]) -> li
 
 
 # --------------------------------------------------------------------------- OpenAI-compatible (vLLM)
+
+
+def load_generator(model: str | Path, *, base_url: str | None = None, served_name: str | None = None):
+    """(generator, tokenizer) for `model` (a checkpoint dir or hub id): loaded in process (HF, CPU),
+    or, with `base_url`, behind that OpenAI-compatible completions endpoint serving it as
+    `served_name` (default: `model`). Token ids go to the endpoint, so the tokenizer is `model`'s."""
+    if not base_url:
+        hf = HFGenerator.from_pretrained(model)
+        return hf, hf.tokenizer
+    return (OpenAICompletionsGenerator(base_url, served_name or str(model)),
+            transformers.AutoTokenizer.from_pretrained(model))
 
 
 class OpenAICompletionsGenerator:

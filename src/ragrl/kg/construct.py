@@ -122,17 +122,9 @@ def construct_kg_stage(passages: Path, model: Path | str, out: Path, work: Path,
                        base_url: str | None = None, served_name: str | None = None) -> dict:
     """What `ragrl construct-kg` runs: the model in process (HF), or behind an OpenAI-compatible
     completions endpoint (`base_url`, the name it serves the model under)."""
-    import transformers
+    from ragrl.agent.generation import load_generator
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model)
-    if base_url:
-        from ragrl.agent.generation import OpenAICompletionsGenerator
-
-        generator = OpenAICompletionsGenerator(base_url, served_name or str(model))
-    else:
-        from ragrl.agent.generation import HFGenerator
-
-        generator = HFGenerator.from_pretrained(model)
+    generator, tokenizer = load_generator(model, base_url=base_url, served_name=served_name)
     stats = construct_kg(passages, model, out, work, generator, tokenizer, settings)
     print("[construct-kg] " + json.dumps({k: stats[k] for k in ("passages", "triples", "invalid_passages",
                                                                  "passages_per_s")}), flush=True)

@@ -130,26 +130,17 @@ def served(source: GeneratorSource) -> Iterator[GeneratorSource]:
 
 
 def _engine(recipe: Recipe, harr: HarrRecipe, generator: GeneratorSource | Path | str, env):
+    from ragrl.agent.generation import load_generator
     from ragrl.agent.rollout import RolloutEngine
 
     source = generator if isinstance(generator, GeneratorSource) else GeneratorSource(str(generator))
-    cfg = dataclasses.replace(recipe.rollout, temperature=harr.environment.generator_temperature, n=1)
     base_url = source.endpoint.get("base_url")
-    if base_url:
-        import transformers
-
-        from ragrl.agent.generation import OpenAICompletionsGenerator
-
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source.model)
-        gen = OpenAICompletionsGenerator(base_url, source.endpoint.get("served_name") or source.model)
-        print(f"[harr] generator {source.model} served at {base_url}", flush=True)
-        return RolloutEngine(gen, tokenizer, env, cfg)
-    from ragrl.agent.generation import HFGenerator
-
     started = time.monotonic()
-    hf = HFGenerator.from_pretrained(source.model, device="cpu")
-    print(f"[harr] generator {source.model} loaded in {time.monotonic() - started:.1f}s", flush=True)
-    return RolloutEngine(hf, hf.tokenizer, env, cfg)
+    gen, tokenizer = load_generator(source.model, base_url=base_url, served_name=source.endpoint.get("served_name"))
+    where = f"served at {base_url}" if base_url else f"loaded in {time.monotonic() - started:.1f}s"
+    print(f"[harr] generator {source.model} {where}", flush=True)
+    cfg = dataclasses.replace(recipe.rollout, temperature=harr.environment.generator_temperature, n=1)
+    return RolloutEngine(gen, tokenizer, env, cfg)
 
 
 def _env(policy, world: _World, harr: HarrRecipe, *, use_history: bool, stochastic: bool, seed: int):
@@ -173,8 +164,8 @@ def _rows(qa: Path, limit: int | None = None) -> list[dict]:
 # --- the stages -----------------------------------------------------------------------------------
 
 
-def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, generator: GeneratorSource | Path,
-                 out: Path) -> dict:
+def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path,
+                 generator: GeneratorSource | Path, out: Path) -> dict:
     """HARR's training filter: G stochastic rollouts of each question with the initial encoder
     (history-aware states); keep the questions whose answer F1 varies. Writes the kept QA rows
     to `out` and their statistics next to it (`<out stem>.stats.json`)."""
@@ -220,8 +211,8 @@ def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pa
 
 
 def train_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path,
-                generator: GeneratorSource | Path,
-                out_dir: Path, *, use_history: bool, log_out: Path | None = None) -> Path:
+                generator: GeneratorSource | Path, out_dir: Path, *, use_history: bool,
+                log_out: Path | None = None) -> Path:
     """train_retriever with rollout_groups as its rollout callback; the sampler is reseeded from
     (seed, step) before each step's rollouts, so a resumed run repeats the same draws. Returns
     out_dir/final (merged encoder in final/encoder); the training log is copied to `log_out`."""
@@ -274,8 +265,8 @@ def _predictions(engine, env, rows: Sequence[dict], batch_size: int, desc: str) 
 
 
 def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path,
-               generator: GeneratorSource | Path,
-               out_dir: Path, *, run_id: str, dataset: str, encoder: Path | None, use_history: bool,
+               generator: GeneratorSource | Path, out_dir: Path, *, run_id: str, dataset: str,
+               encoder: Path | None, use_history: bool,
                max_questions: int | None = None, batch_size: int = 32) -> dict:
     """The frozen generator with `encoder` (None: the index's own) in deterministic top-k mode:
     predictions.parquet and metrics.json, as `ragrl eval` writes them."""
