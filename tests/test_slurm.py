@@ -77,11 +77,53 @@ def _real_profile_default_resources() -> list[str]:
     return [f"{k}={v}" for k, v in profile["default-resources"].items()]
 
 
-def _slurm_snakemake(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"({e})"
+
+
+def _cluster_report(workdir: Path, output: str) -> str:
+    """What a hung SLURM run looks like from outside: the queue, the node, the daemons' logs, the
+    plugin's status-query lines and the logs of jobs still running. CI shows nothing else of it."""
+    def run(*cmd: str) -> str:
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            return done.stdout + done.stderr
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"({' '.join(cmd)}: {e})"
+
+    state = Path(os.environ.get("RAGRL_SLURM_STATE", "/var/lib/ragrl-slurm"))
+    status_lines = [line for line in output.splitlines()
+                    if re.search(r"status|sacct|squeue|Falling back|SLURM query", line, re.I)]
+    parts = [
+        "squeue:\n" + run("squeue", "--states=all", "-o", "%i %T %M %l %R %k"),
+        "sinfo:\n" + run("sinfo", "-N", "-o", "%N %T %E"),
+        "slurmctld.log:\n" + _tail(state / "log/slurmctld.log"),
+        "slurmd.log:\n" + _tail(state / "log/slurmd.log"),
+        "plugin status lines:\n" + "\n".join(status_lines[-30:]),
+    ]
+    for job in _jobs():
+        if job.get("JobState") in ("RUNNING", "PENDING"):
+            for log in (workdir / "logs/slurm").rglob(f"{job['JobId']}.log"):
+                parts.append(f"{log}:\n" + _tail(log))
+    parts.append("snakemake output:\n" + output[-4000:])
+    return "\n\n".join(parts)
+
+
+def _slurm_snakemake(workdir: Path, config: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     # The plugin puts a relative slurm-logdir under the directory snakemake was started from,
     # not under --directory; an absolute one keeps the test's SLURM logs in its temp dir.
-    return _snakemake(workdir, config, "--profile", str(PROFILE), "--slurm-logdir", str(workdir / "logs/slurm"),
-                      *args)
+    # --verbose: the plugin logs its status queries (and their failures) only at debug level.
+    try:
+        return _snakemake(workdir, config, "--profile", str(PROFILE), "--slurm-logdir", str(workdir / "logs/slurm"),
+                          "--verbose", *args, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                         for x in (e.stdout, e.stderr))
+        pytest.fail(f"snakemake did not finish in {timeout:.0f} s (a run alone takes ~4 min)\n\n"
+                    + _cluster_report(workdir, output), pytrace=False)
 
 
 def _minutes(limit: str) -> int:

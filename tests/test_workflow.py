@@ -87,7 +87,7 @@ def _jobs_run(output: str) -> set[tuple[str, str]]:
     return jobs
 
 
-def _snakemake(workdir: Path, config: dict, *args: str) -> subprocess.CompletedProcess:
+def _snakemake(workdir: Path, config: dict, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     cfg = workdir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
     # Config paths are relative to the working directory, as for a user's own corpora; the
@@ -98,7 +98,7 @@ def _snakemake(workdir: Path, config: dict, *args: str) -> subprocess.CompletedP
     return subprocess.run(
         [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", str(cfg),
          "--cores", "2", *args],
-        capture_output=True, text=True, env=env, timeout=1800,
+        capture_output=True, text=True, env=env, timeout=timeout,
     )
 
 
