@@ -196,8 +196,10 @@ cmd_start() {
         stop_one slurmctld
     fi
     launch munged setpriv --reuid=munge --regid=munge --init-groups munged -F
-    # why -i: a state file left half-written by a killed controller must not stop it starting
-    launch slurmctld slurmctld -D -i
+    # why -c: a controller that is not running left its jobs behind with the machine or container
+    # that ran them (a killed test run, a CI image taken mid-run); recovering them brings back
+    # jobs no slurmd has and node states (drain) no one set here. A cold start is a fresh cluster.
+    launch slurmctld slurmctld -D -c
     launch slurmd slurmd -D -N "$NODE"
     wait_for_node
 }
