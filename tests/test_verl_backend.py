@@ -288,10 +288,15 @@ def test_ray_launcher_orchestration(tmp_path):
     log = tmp_path / "calls.log"
     fakes = {
         "scontrol": 'echo "$@" >> LOG; printf "n1\\nn2\\nn3\\n"',
-        "srun": 'echo "srun $@" >> LOG; exit 0',
+        # A real srun runs the workers (ray start --block) until the launcher kills it.
+        "srun": 'echo "srun $@" >> LOG; exec sleep 60',
         "ray": 'echo "ray $@" >> LOG',
-        # the launcher's join check prints the number of alive nodes; main_ppo records its overrides
-        "python": 'if [ "$1" = "-c" ]; then echo 3; else echo "python $@" >> LOG; fi',
+        # The launcher's join check prints the number of alive nodes: the two workers count once
+        # srun has started them (before that, the head alone), as on a cluster. Answering 3 at once
+        # let the launcher finish and kill the backgrounded srun before it ran, under load.
+        # main_ppo records its overrides.
+        "python": 'if [ "$1" = "-c" ]; then if grep -q "^srun" LOG; then echo 3; else echo 1; fi; '
+                  'else echo "python $@" >> LOG; fi',
     }
     for name, body in fakes.items():
         path = bin_ / name
