@@ -16,7 +16,7 @@ _SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, _SRC)
 os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH")) if p))
 
-from ragrl.config import config_errors  # noqa: E402
+from ragrl.config import config_errors, drop_null_entries  # noqa: E402
 from ragrl.methods import get_method  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
 from ragrl.recipe import HARR_RUNS, harr_generator_spec, parse_harr, parse_recipe  # noqa: E402
@@ -24,17 +24,9 @@ from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: 
 from ragrl.retrieval.factory import factory_error  # noqa: E402
 
 
-# A --configfile is merged into config/config.yaml key by key and cannot remove an entry, so in the
-# named collections an entry set to null (`recipes: {rag_r1: null}`) removes the default's entry,
-# and so does a top-level section set to null (`harr: null`, before validation fills defaults in).
+# An overlay drops a default's entry by setting it to null (`recipes: {rag_r1: null}`, `harr: null`);
 # config/paper/*.yaml use this to drop the embedded default's toy corpora, datasets and recipes.
-for _path in ((), ("corpora",), ("datasets",), ("recipes",), ("kgs",), ("retrieval", "indexes"), ("resources", "rules")):
-    _node = config
-    for _key in _path:
-        _node = _node.get(_key) if isinstance(_node, dict) else None
-    if isinstance(_node, dict):
-        for _name in [k for k, v in _node.items() if v is None]:
-            del _node[_name]
+drop_null_entries(config)
 
 _errors = config_errors(config, Path(workflow.basedir) / "config/schemas/config.schema.yaml")
 if _errors:

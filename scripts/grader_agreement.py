@@ -34,18 +34,16 @@ import argparse
 import json
 import random
 import sys
-import time
 import zipfile
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import log, set_log_tag  # noqa: E402  (scripts/benchlib.py: the scripts' shared log lines)
+
 KINDS = ("gold", "sentence", "wrong", "refusal")
 REFUSAL = "I don't know."
-
-
-def log(msg: str) -> None:
-    print(f"[grader-agreement] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -179,10 +177,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from ragrl.factscore.paper import ChatEndpoint, LLMGrader
 
+    set_log_tag("grader-agreement")
     rows = []
     for path in args.qa:  # the cap applies per file, so a large first file does not push out the rest
-        rows += pq.read_table(path).to_pylist()[: args.max_questions]
-        log(f"{path}: {min(pq.read_metadata(path).num_rows, args.max_questions)} questions")
+        taken = pq.read_table(path).to_pylist()[: args.max_questions]
+        log(f"{path}: {len(taken)} questions")
+        rows += taken
     cases = answer_cases(rows, args.seed)
     log(f"{len(rows)} questions, {len(cases)} answers to grade")
     out = Path(args.out)
@@ -202,12 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     def grade(base_url: str, name: str) -> list[str]:
         endpoint = Recording(base_url, name, max_workers=args.max_workers, max_tokens=16, timeout_s=300)
         grader = LLMGrader(endpoint)
-        grades, t0 = [], time.monotonic()
+        grades: list[str] = []
         try:
             for start in range(0, len(cases), 50):
                 batch = cases[start:start + 50]
                 grades += grader.grade_many([(c.question, c.golds, c.answer) for c in batch])
-                log(f"graded {len(grades)}/{len(cases)} ({time.monotonic() - t0:.0f}s)")
+                log(f"graded {len(grades)}/{len(cases)}")
         finally:
             endpoint.close()
         return grades

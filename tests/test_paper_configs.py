@@ -52,16 +52,11 @@ def _merged(paper: Path) -> dict:
     """What the workflow sees: the default config, the paper config over it, null entries removed."""
     from snakemake.utils import update_config
 
+    from ragrl.config import drop_null_entries
+
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     update_config(config, yaml.safe_load(paper.read_text()))
-    for path in ((), ("corpora",), ("datasets",), ("recipes",), ("kgs",), ("retrieval", "indexes"), ("resources", "rules")):
-        node = config
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            for name in [k for k, v in node.items() if v is None]:
-                del node[name]
-    return config
+    return drop_null_entries(config)
 
 
 def _source_files(config: dict) -> list[str]:

@@ -8,6 +8,7 @@ Needs root and apt-get (CI runs as root on Debian); anywhere else the cluster te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ragrl.serving import log_tail
 from test_workflow import REPO, TINY, _snakemake
 
 SCRIPT = REPO / "scripts/slurm_local.sh"
@@ -79,16 +81,10 @@ def _real_profile_default_resources() -> list[str]:
     return [f"{k}={v}" for k, v in profile["default-resources"].items()]
 
 
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as e:
-        return f"({e})"
-
-
-def _cluster_report(workdir: Path, output: str) -> str:
+def _cluster_report(workdir: Path, output: str, live: list[dict]) -> str:
     """What a hung SLURM run looks like from outside: the queue, the node, the daemons' logs, the
-    plugin's status-query lines and the logs of jobs still running. CI shows nothing else of it."""
+    plugin's status-query lines and the logs of the jobs still queued or running (`live`). CI
+    shows nothing else of it."""
     def run(*cmd: str) -> str:
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
@@ -102,31 +98,15 @@ def _cluster_report(workdir: Path, output: str) -> str:
     parts = [
         "squeue:\n" + run("squeue", "--states=all", "-o", "%i %T %M %l %R %k"),
         "sinfo:\n" + run("sinfo", "-N", "-o", "%N %T %E"),
-        "slurmctld.log:\n" + _tail(state / "log/slurmctld.log"),
-        "slurmd.log:\n" + _tail(state / "log/slurmd.log"),
+        "slurmctld.log:\n" + log_tail(state / "log/slurmctld.log", 25),
+        "slurmd.log:\n" + log_tail(state / "log/slurmd.log", 25),
         "plugin status lines:\n" + "\n".join(status_lines[-30:]),
     ]
-    try:
-        live = [j for j in _jobs() if j.get("JobState") in ("RUNNING", "PENDING")]
-    except (OSError, subprocess.SubprocessError) as e:  # a controller that does not answer is a finding too
-        live, parts = [], [*parts, f"(scontrol show job: {e})"]
     for job in live:
         for log in (workdir / "logs/slurm").rglob(f"{job['JobId']}.log"):
-            parts.append(f"{log}:\n" + _tail(log))
+            parts.append(f"{log}:\n" + log_tail(log, 25))
     parts.append("snakemake output:\n" + output[-4000:])
     return "\n\n".join(parts)
-
-
-def _cancel_jobs_after(first_id: int) -> None:
-    """scancel what a killed Snakemake left queued or running (it had no chance to cancel it), so
-    the module's next test gets the node."""
-    try:
-        left = [j["JobId"] for j in _jobs()
-                if int(j["JobId"]) > first_id and j.get("JobState") in ("RUNNING", "PENDING")]
-        if left:
-            subprocess.run(["scancel", *left], capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        pass
 
 
 def _slurm_snakemake(workdir: Path, config: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -142,8 +122,17 @@ def _slurm_snakemake(workdir: Path, config: dict, *args: str, timeout: float = 9
     except subprocess.TimeoutExpired as e:
         output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
                          for x in (e.stdout, e.stderr))
-        report = _cluster_report(workdir, output)
-        _cancel_jobs_after(first_id)
+        try:
+            live = [j for j in _jobs() if j.get("JobState") in ("RUNNING", "PENDING")]
+            note = ""
+        except (OSError, subprocess.SubprocessError) as err:  # a controller that does not answer is a finding too
+            live, note = [], f"\n\n(scontrol show job: {err})"
+        report = _cluster_report(workdir, output, live) + note
+        # The killed Snakemake could not cancel its jobs: free the node for the module's next test.
+        left = [j["JobId"] for j in live if int(j["JobId"]) > first_id]
+        if left:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["scancel", *left], capture_output=True, timeout=60)
         pytest.fail(f"snakemake did not finish in {timeout:.0f} s\n\n{report}", pytrace=False)
 
 
@@ -269,9 +258,9 @@ exec {real} "$@"
 def test_a_status_query_failing_for_a_while_loses_no_job(cluster, tmp_path, monkeypatch):
     # Plugin 2.8.0 forgets its active jobs when the last attempt of a status query fails, and
     # Snakemake then waits forever (the profile's comment). Here squeue fails for 15 s: the
-    # plugin's default 5 attempts at up to 10 per second span under a second (with those, 8 failed
-    # queries in a row hung this run: checked by hand, 2026-11-23); the profile's 60 at one per
-    # second span a minute.
+    # plugin's default 5 attempts at up to 10 per second span under a second (with those, this run
+    # hung after 5 failed queries: checked by hand, 2026-11-23); the profile's 60 at one per second
+    # span a minute.
     real = shutil.which("squeue")
     assert real, "squeue not on PATH"
     bindir, state = tmp_path / "bin", tmp_path / "flaky"

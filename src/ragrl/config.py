@@ -12,6 +12,26 @@ import jsonschema
 import yaml
 
 
+# Where an entry set to null removes the default's entry: () is the top level (`harr: null`).
+NULLABLE_COLLECTIONS = ((), ("corpora",), ("datasets",), ("recipes",), ("kgs",), ("retrieval", "indexes"),
+                        ("resources", "rules"))
+
+
+def drop_null_entries(config: dict) -> dict:
+    """Remove, in place, the entries set to null in the named collections of `config`. A
+    --configfile is merged into config/config.yaml key by key and cannot remove an entry, so
+    `recipes: {rag_r1: null}` (or a top-level `harr: null`) is how an overlay drops one; this runs
+    before validation fills defaults in. Returns `config`."""
+    for path in NULLABLE_COLLECTIONS:
+        node = config
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            for name in [k for k, v in node.items() if v is None]:
+                del node[name]
+    return config
+
+
 def _key(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
