@@ -52,6 +52,13 @@ def _check_recipes():
             parse_recipe(settings, name)
         except (ValueError, TypeError) as exc:
             errors.append(str(exc))
+            continue
+        owner = (settings.get("sft") or {}).get("from")
+        if owner is not None and (owner not in config["recipes"] or owner == name
+                                  or (config["recipes"][owner].get("sft") or {}).get("from")
+                                  or config["recipes"][owner].get("env") != settings.get("env")):
+            errors.append(f"config key 'recipes.{name}.sft.from': {owner!r} must be another recipe of the same "
+                          "env that trains its own SFT model")
     if errors:
         raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -371,9 +378,12 @@ def env_inputs(settings, recipe_name, dataset):
     """What the recipe's environment reads, by its method's input kinds: the index files of its
     retriever, the dataset's KG."""
     inputs = {}
-    for kind in method_of(settings).inputs:
+    method = method_of(settings)
+    for kind in method.inputs:
         inputs.update(kg_inputs(dataset) if kind == "graph" else retriever_files(config["retrieval"]["corpus"],
                                                                               settings["retriever"]))
+    if method.files is not None:  # what the method's reward or metrics read (a KB)
+        inputs.update(method.files(parse_recipe(settings, recipe_name)))
     return inputs
 
 
@@ -414,9 +424,15 @@ def merged_dir(name, stage):
     return f"{RESULTS}/models/{name}/{stage}_merged"
 
 
+def sft_owner(name):
+    """The recipe whose SFT model `name` starts RL from: its own, or `sft.from` (an ablation that
+    shares another recipe's SFT start instead of training the same model again)."""
+    return recipe(name)["sft"].get("from") or name
+
+
 def rl_start_model(name):
     """RL starts from the merged SFT model, or from the base policy when SFT is disabled."""
-    return merged_dir(name, "sft") if sft_enabled(name) else policy_dir()
+    return merged_dir(sft_owner(name), "sft") if sft_enabled(name) else policy_dir()
 
 
 def runs():
@@ -434,7 +450,11 @@ def runs():
         out["no_retrieval"] = {"recipe": search[0], "settings": closed, "model": policy_dir(),
                                "stage": "no_retrieval"}
     for name in names:
-        if sft_enabled(name):
+        # A recipe sharing another's SFT start (sft.from) shares its untrained row too.
+        if config["evaluation"]["baselines"] and method_of(recipe(name)).own_baseline and sft_owner(name) == name:
+            out[f"{name}_base"] = {"recipe": name, "settings": recipe(name), "model": policy_dir(), "stage": "base",
+                                   "own_datasets": True}
+        if sft_enabled(name) and sft_owner(name) == name:
             out[f"{name}_sft"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "sft"),
                                   "stage": "sft"}
         out[f"{name}_rl"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "rl"), "stage": "rl"}
@@ -457,7 +477,7 @@ def run_model_inputs(run_id):
 def run_datasets(run_id):
     """The datasets a run is evaluated on: its recipe's eval_datasets, else evaluation.datasets."""
     run = runs()[run_id]
-    if run["stage"] in ("base", "no_retrieval"):
+    if run["stage"] in ("base", "no_retrieval") and not run.get("own_datasets"):
         return config["evaluation"]["datasets"]
     return run["settings"].get("eval_datasets") or config["evaluation"]["datasets"]
 
@@ -485,8 +505,8 @@ def run_definition(run_id):
     run = runs()[run_id]
     parts = {"eval": recipe_part(run["recipe"], "eval", run["settings"])}
     if run["stage"] in ("sft", "rl", "oracle"):
-        parts["sft_data"] = recipe_part(run["recipe"], "sft_data")
-        parts["sft"] = recipe_part(run["recipe"], "sft")
+        parts["sft_data"] = recipe_part(sft_owner(run["recipe"]), "sft_data")
+        parts["sft"] = recipe_part(sft_owner(run["recipe"]), "sft")
     if run["stage"] in ("rl", "oracle"):
         parts["rl"] = recipe_part(run["recipe"], "rl")
     return {"recipe": parts, "world": config["world"], "policy": config["models"]["policy"],

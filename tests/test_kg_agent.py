@@ -7,6 +7,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import functools
 import json
 from types import SimpleNamespace
 
@@ -218,7 +219,7 @@ def test_evaluation_reports_kg_r1_entity_metrics(tiny, tmp_path):
     kg = get_method("kg")
     metrics = evaluate(None, qa, KGEnvironment(tiny.backend["A"]), tmp_path / "out", run_id="gold", dataset="A_test",
                        rollout_cfg=CFG, generator=SegmentGenerator(gold), tokenizer=tiny.tok,
-                       extra_metrics=kg.eval_metrics, extra_columns=kg.eval_metric_columns)
+                       extra_metrics=functools.partial(kg.eval_metrics, None), extra_columns=kg.eval_metric_columns)
     preds = pq.read_table(tmp_path / "out/predictions.parquet").to_pylist()
     assert len(preds) == len(kept) >= 4
     assert all(p["hits1"] == p["entity_f1"] == p["retrieval_hit"] == p["em"] == 1.0 and p["queries"] for p in preds)

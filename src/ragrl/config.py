@@ -13,7 +13,7 @@ import yaml
 
 
 # Where an entry set to null removes the default's entry: () is the top level (`harr: null`).
-NULLABLE_COLLECTIONS = ((), ("corpora",), ("datasets",), ("recipes",), ("kgs",), ("retrieval", "indexes"),
+NULLABLE_COLLECTIONS = ((), ("corpora",), ("datasets",), ("recipes",), ("kgs",), ("kbs",), ("retrieval", "indexes"),
                         ("resources", "rules"))
 
 

@@ -23,7 +23,7 @@ from ragrl.settings import RLConfig, RolloutConfig, SFTArgs
 TOP_KEYS = ("env", "plugin", "retriever", "train_dataset", "eval_datasets", "topk", "max_queries", "seed",
             "rollout", "sft", "rl", "reward", "turn_reward", "options")
 # Keys of `sft` and `rl` that choose a route rather than a trainer setting.
-SFT_EXTRA_KEYS = ("enabled", "limit", "source", "teacher", "import")
+SFT_EXTRA_KEYS = ("enabled", "limit", "source", "teacher", "import", "from")
 RL_EXTRA_KEYS = ("limit", "backend", "verl")
 TEACHER_KEYS = {"base_url": str, "model": str, "api_key_env": str, "n": int, "max_per_question": int,
                 "batch_size": int, "serve": dict}
@@ -100,6 +100,8 @@ def parse_recipe(raw: str | dict, name: str = "recipe", key: str | None = None) 
     except (ValueError, ImportError, FileNotFoundError) as exc:
         raise ValueError(f"config key '{key}.env': {exc}") from None
     rollout = _build(RolloutConfig, _section(data, "rollout", key), f"{key}.rollout")
+    if method.rollout is not None:  # e.g. a single-turn method: the same turn budget in SFT, RL and eval
+        rollout = method.rollout(rollout)
     reward = _weights(_section(data, "reward", key) or dict(method.default_reward), method.reward_keys,
                       f"{key}.reward", nonempty=True)
     turn_reward = _weights(_section(data, "turn_reward", key), method.turn_reward_keys, f"{key}.turn_reward")

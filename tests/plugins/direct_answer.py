@@ -46,7 +46,7 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None):
     import transformers
 
     from ragrl.agent.rollout import RolloutEngine
-    from ragrl.train.sft_data import SFTDataStats, _sft_row, read_qa_rows, write_sft_data
+    from ragrl.train.sft_data import SFTDataStats, sft_row, read_qa_rows, write_sft_data
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(policy)
     engine = RolloutEngine(None, tokenizer, env, recipe.rollout)
@@ -56,7 +56,7 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None):
         prompt = engine.prompt_ids(row["question"])
         reply = tokenizer.encode(f"<think>I know this.</think>\n<answer>{row['golden_answers'][0]}</answer>",
                                  add_special_tokens=False) + [tokenizer.eos_token_id]
-        rows.append(_sft_row(row["id"], prompt + reply, [0] * len(prompt) + [1] * len(reply), 1, tokenizer))
+        rows.append(sft_row(row["id"], prompt + reply, [0] * len(prompt) + [1] * len(reply), 1, tokenizer))
     stats.kept = len(rows)
     write_sft_data(rows, stats, out)
     return stats.to_dict()

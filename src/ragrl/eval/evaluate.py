@@ -66,13 +66,15 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
              dataset: str, rollout_cfg=None, batch_size: int = 32, max_questions: int | None = None,
              temperature: float | None = 0.0, device: str = "cpu", dtype: str = "auto", generator=None,
              tokenizer=None, extra_metrics: Callable[[dict, Any], dict] | None = None,
-             extra_columns: Sequence[str] = ()) -> dict:
+             extra_columns: Sequence[str] = (), group_of: Callable[[dict], str | None] | None = None) -> dict:
     """Roll out the policy in `model_dir` on every question of `qa_parquet` in environment `env`;
     write predictions and metrics.
 
     `generator` and `tokenizer` replace the HF model loaded from `model_dir` (a vLLM server, a
     scripted policy). `extra_metrics(row, trajectory)` adds the columns `extra_columns` to each
-    prediction (and their means to metrics.json). Returns the metrics.json object.
+    prediction (and their means to metrics.json; a None value is left out of its column's mean and
+    interval, as a metric undefined for that question). `group_of(row)` names each question's
+    group in "by_type" instead of its `metadata.type`. Returns the metrics.json object.
     """
     from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 
@@ -85,7 +87,8 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     engine = RolloutEngine(generator, tokenizer, env, cfg)
 
     rows = _read_questions(qa_parquet, max_questions)
-    predictions = run_predictions(engine, rows, batch_size, desc=f"eval {run_id}/{dataset}", extra_metrics=extra_metrics)
+    predictions = run_predictions(engine, rows, batch_size, desc=f"eval {run_id}/{dataset}", extra_metrics=extra_metrics,
+                                  group_of=group_of)
     metrics = summarize(predictions, run_id, dataset, extra_columns)
     out_dir = Path(out_dir)
     schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in extra_columns)])
@@ -97,7 +100,8 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
 
 
 def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "eval",
-                    extra_metrics: Callable[[dict, Any], dict] | None = None) -> list[dict]:
+                    extra_metrics: Callable[[dict, Any], dict] | None = None,
+                    group_of: Callable[[dict], str | None] | None = None) -> list[dict]:
     """One prediction record per row, in row order; batches of `batch_size` questions per rollout."""
     from ragrl.progress import progress
 
@@ -109,6 +113,8 @@ def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "
             record = prediction_record(row, t, engine.env.spec.tools)
             if extra_metrics is not None:
                 record.update(extra_metrics(row, t))
+            if group_of is not None:
+                record["question_type"] = group_of(row) or record["question_type"]
             out.append(record)
     return out
 
@@ -168,10 +174,12 @@ def summarize(predictions: Sequence[dict], run_id: str, dataset: str, extra_colu
 
 
 def _means(predictions: Sequence[dict], columns: Sequence[str]) -> dict:
-    n = len(predictions)
-    means = {k: (math.fsum(float(p[k]) for p in predictions) / n if n else None) for k in columns}
-    ci95 = {k: bootstrap_ci([float(p[k]) for p in predictions]) for k in columns}
-    return {"n": n, "metrics": means, "ci95": ci95}
+    # A None value is a metric undefined for that question (fact precision of a text stating no
+    # fact): it is left out of that column's mean and interval.
+    values = {k: [float(p[k]) for p in predictions if p.get(k) is not None] for k in columns}
+    means = {k: (math.fsum(v) / len(v) if v else None) for k, v in values.items()}
+    ci95 = {k: bootstrap_ci(v) for k, v in values.items()}
+    return {"n": len(predictions), "metrics": means, "ci95": ci95}
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,

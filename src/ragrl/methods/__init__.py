@@ -55,7 +55,15 @@ class Method:
       text_reward(recipe, text, golds) -> dict                {"score", components}: verl's reward
       gold_sft(recipe, qa_path, policy, env, backends, out, limit) -> stats   (sft.source gold)
       gold_sft_reason(dataset_spec) -> str | None             why gold SFT data cannot be planned
-      eval_metrics(row, trajectory) -> dict                   extra metric columns per prediction
+      eval_metrics(recipe, row, trajectory) -> dict           extra metric columns per prediction (a
+                                                              value may be None: left out of its mean)
+      eval_group(recipe, row) -> str | None                   the row's group in metrics.json's
+                                                              by_type (default: metadata.type)
+      rollout(cfg) -> RolloutConfig                           the method's rollout settings, applied
+                                                              when a recipe is parsed (every stage)
+      files(recipe) -> {name: path}                           files the hooks read besides the
+                                                              environment's inputs (a KB): inputs of
+                                                              the recipe's jobs
     """
 
     name: str
@@ -72,11 +80,17 @@ class Method:
     gold_sft_reason: Callable[[Mapping[str, Any]], str | None] | None = None
     eval_metrics: Callable[..., dict] | None = None
     eval_metric_columns: tuple[str, ...] = ()
+    eval_group: Callable[..., str | None] | None = None
+    rollout: Callable[..., Any] | None = None
+    files: Callable[..., Mapping[str, str]] | None = None
     text_reward: Callable[..., dict] | None = None
     rl_backends: tuple[str, ...] = ("local",)
     # The untrained policy's `base` and `no_retrieval` rows are evaluated with the first recipe
     # whose method says so (an open-domain QA agent; not a KG agent, whose datasets name a KG).
     baselines: bool = False
+    # The untrained policy is also evaluated with each recipe of this method (`<recipe>_base`, on
+    # the recipe's own datasets and prompt): a method whose task the shared baselines do not pose.
+    own_baseline: bool = False
     # How a run of this method changes the rollout settings before evaluation (closed book: no
     # tool turns, its own prompt).
     eval_rollout: Callable[..., Any] | None = None

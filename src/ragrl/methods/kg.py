@@ -55,7 +55,7 @@ def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
                  {"turn_mean": mean_turn, **r.global_components})
 
 
-def eval_metrics(row: dict, trajectory) -> dict[str, float]:
+def eval_metrics(recipe, row: dict, trajectory) -> dict[str, float]:
     """KG-R1's entity metrics: Hits@1, F1 over answer entities (a name and its KB id count once),
     and whether a gold answer appeared in any observation."""
     from ragrl.data.qa import row_golds

@@ -7,6 +7,7 @@ calls the core. Nothing here knows a method by name.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -127,9 +128,11 @@ def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any],
 
     method = recipe.method
     cfg = method.eval_rollout(recipe.rollout) if method.eval_rollout else recipe.rollout
+    extra = functools.partial(method.eval_metrics, recipe) if method.eval_metrics else None
+    group = functools.partial(method.eval_group, recipe) if method.eval_group else None
     return run_eval(model, qa, environment(recipe, backends), out_dir, run_id=run_id, dataset=dataset,
                     rollout_cfg=cfg, batch_size=batch_size, max_questions=max_questions,
-                    extra_metrics=method.eval_metrics, extra_columns=method.eval_metric_columns,
+                    extra_metrics=extra, extra_columns=method.eval_metric_columns, group_of=group,
                     generator=generator, tokenizer=tokenizer)
 
 

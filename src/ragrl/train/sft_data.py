@@ -188,7 +188,7 @@ def finish_drafts(drafts, answer_of, engine: RolloutEngine, stats: SFTDataStats,
         if d.dropped is not None:
             stats.dropped[d.dropped] += 1
             continue
-        rows.append(_sft_row(d.plan.row_id, d.ids, d.mask, d.segments, engine.tokenizer))
+        rows.append(sft_row(d.plan.row_id, d.ids, d.mask, d.segments, engine.tokenizer))
     stats.kept = len(rows)
     return rows
 
@@ -253,7 +253,7 @@ def _encode(engine: RolloutEngine, text: str) -> list[int]:
     return list(engine.tokenizer.encode(text, add_special_tokens=False))
 
 
-def _sft_row(row_id: str, ids: list[int], mask: list[int], turns: int, tokenizer) -> dict:
+def sft_row(row_id: str, ids: list[int], mask: list[int], turns: int, tokenizer) -> dict:
     return {"id": row_id, "input_ids": [int(i) for i in ids], "assistant_masks": [int(m) for m in mask],
             "num_turns": int(turns), "text": tokenizer.decode(ids, skip_special_tokens=False)}
 
@@ -294,7 +294,7 @@ def teacher_trajectories(qa_rows: Sequence[dict], engine: RolloutEngine, *, n: i
             eos = engine.tokenizer.eos_token_id
             if append_eos and eos is not None and ids[-1] != eos:
                 ids, mask = ids + [int(eos)], mask + [1]
-            rows.append(_sft_row(row["id"] if k == 0 else f"{row['id']}#{k}", ids, mask, len(t.actions),
+            rows.append(sft_row(row["id"] if k == 0 else f"{row['id']}#{k}", ids, mask, len(t.actions),
                                  engine.tokenizer))
     stats.kept = len(rows)
     return rows, stats
@@ -336,7 +336,7 @@ def write_sft_data(rows: Sequence[dict], stats: SFTDataStats, path: str | Path) 
 # --------------------------------------------------------------------------- stages (what the CLI calls)
 
 
-def _data_engine(model_dir: str | Path, env, generator, rollout_cfg) -> RolloutEngine:
+def data_engine(model_dir: str | Path, env, generator, rollout_cfg) -> RolloutEngine:
     import transformers
 
     from ragrl.agent.rollout import RolloutConfig
@@ -352,7 +352,7 @@ def gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, planner: 
     `env`: the environment RL and evaluation use (its retriever answers the gold queries), with
     the same budgets, or the format drifts.
     """
-    engine = _data_engine(model_dir, env, None, rollout_cfg)
+    engine = data_engine(model_dir, env, None, rollout_cfg)
     rows, stats = gold_trajectories(read_qa_rows(qa_parquet, limit), engine, planner, require_support=require_support)
     write_sft_data(rows, stats, out)
     _report(stats, out)
@@ -367,7 +367,7 @@ def teacher_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, out: s
 
     teacher = OpenAICompletionsGenerator(base_url, teacher_model, api_key=api_key)
     try:
-        engine = _data_engine(model_dir, env, teacher, rollout_cfg)
+        engine = data_engine(model_dir, env, teacher, rollout_cfg)
         rows, stats = teacher_trajectories(read_qa_rows(qa_parquet, limit), engine, n=n, seed=seed,
                                            batch_size=batch_size, max_per_question=max_per_question)
     finally:

@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from ragrl.agent.protocol import INFO_CLOSE, INFO_OPEN
-from ragrl.train.sft_data import SFTDataStats, _report, _sft_row, write_sft_data
+from ragrl.train.sft_data import SFTDataStats, _report, sft_row, write_sft_data
 
 _INFO = re.compile("(" + re.escape(INFO_OPEN) + r".*?" + re.escape(INFO_CLOSE) + ")", re.S)
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -140,7 +140,7 @@ def import_sft_stage(path: str | Path, fmt: str, model_dir: str | Path, out: str
         if missing:
             raise ValueError(f"{path}: not an SFT parquet, missing columns {sorted(missing)}")
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-        rows = [_sft_row(str(r["id"]), r["input_ids"], r["assistant_masks"], int(r.get("num_turns") or 1), tokenizer)
+        rows = [sft_row(str(r["id"]), r["input_ids"], r["assistant_masks"], int(r.get("num_turns") or 1), tokenizer)
                 for r in table.to_pylist()[:limit]]
         stats.total = stats.kept = len(rows)
     elif fmt == "chat_json":
@@ -157,7 +157,7 @@ def import_sft_stage(path: str | Path, fmt: str, model_dir: str | Path, out: str
                 stats.dropped["sequence_too_long"] += 1
                 continue
             turns = sum(m["role"] == "assistant" for m in messages)
-            rows.append(_sft_row(str(record.get("id", n)), ids, mask, turns, tokenizer))
+            rows.append(sft_row(str(record.get("id", n)), ids, mask, turns, tokenizer))
         stats.kept = len(rows)
     else:
         raise ValueError(f"unknown SFT import format {fmt!r}; expected chat_json or sft_parquet")
