@@ -150,9 +150,20 @@ def test_single_turn_environment_and_eval_hooks(db):
     method = get_method("knowrl")
     env = method.make_environment(recipe(db), {})
     assert env.spec.actions == ("answer",) and env.respond([SimpleNamespace(kind="search", error=None)])[0]
-    cfg = method.eval_rollout(RolloutConfig())
+    # The single turn is the recipe's rollout from parsing on: SFT data, RL and evaluation share it.
+    cfg = recipe(db).rollout
     assert (cfg.max_turns, cfg.forced_answer_prefill) == (0, False) and "I don't know" in cfg.instruction
-    assert method.eval_rollout(dataclasses.replace(RolloutConfig(), instruction="Q: {question}")).instruction == "Q: {question}"
-    assert method.eval_metrics(ROW, SimpleNamespace(response_text="<think>t</think><answer>I don't know</answer>")) == {
-        "correct": 0.0, "incorrect": 0.0, "not_attempted": 1.0, "format_ok": 1.0}
-    assert set(method.eval_metric_columns) == {"correct", "incorrect", "not_attempted", "format_ok"}
+    assert method.rollout(dataclasses.replace(RolloutConfig(), instruction="Q: {question}")).instruction == "Q: {question}"
+    refusal = SimpleNamespace(response_text="<think>t</think><answer>I don't know</answer>")
+    assert method.eval_metrics(recipe(db), ROW, refusal) == {
+        "correct": 0.0, "incorrect": 0.0, "not_attempted": 1.0, "format_ok": 1.0, "fact_precision": 0.0,
+        "n_facts": 1.0}  # "t" states no relation: a fact no passage supports
+    empty = SimpleNamespace(response_text="<think>\n</think><answer>I don't know</answer>")
+    assert method.eval_metrics(recipe(db), ROW, empty)["fact_precision"] is None  # no fact: no precision
+    recalled = SimpleNamespace(response_text=f"<think>{PERSON} was born in Port Velmar. {PERSON} works for Acme."
+                                             "</think><answer>Port Velmar</answer>")
+    assert method.eval_metrics(recipe(db), ROW, recalled) == {
+        "correct": 1.0, "incorrect": 0.0, "not_attempted": 0.0, "format_ok": 1.0, "fact_precision": 0.5,
+        "n_facts": 2.0}
+    assert set(method.eval_metric_columns) == {"correct", "incorrect", "not_attempted", "format_ok", "fact_precision",
+                                               "n_facts"}

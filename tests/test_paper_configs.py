@@ -31,11 +31,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-# The search-agent papers share one shape (corpus, dense index, one recipe); KG-R1 and HARR (no
-# policy trained: the retriever is) have their own tests.
-PAPER = sorted(p for p in (REPO / "config/paper").glob("*.yaml") if p.stem not in ("kg_r1", "harr"))
+# The search-agent papers share one shape (corpus, dense index, one recipe); KG-R1, KnowRL (no
+# retrieval: a KB inside the reward) and HARR (no policy trained: the retriever is) have their own tests.
+PAPER = sorted(p for p in (REPO / "config/paper").glob("*.yaml") if p.stem not in ("kg_r1", "harr", "knowrl"))
 KG_PAPER = REPO / "config/paper/kg_r1.yaml"
 HARR_PAPER = REPO / "config/paper/harr.yaml"
+KNOWRL_PAPER = REPO / "config/paper/knowrl.yaml"
 DATASETS = ["nq_test", "triviaqa_test", "popqa_test", "hotpotqa_dev", "2wiki_dev", "musique_dev", "bamboogle_test"]
 
 _FAKE_CONDA = """#!/bin/sh
@@ -63,6 +64,7 @@ def _source_files(config: dict) -> list[str]:
     files = [f for spec in config["corpora"].values() for f in spec["inputs"]]
     files += [spec["path"] for spec in config["datasets"].values()]
     files += [r["sft"]["import"]["path"] for r in config["recipes"].values() if r["sft"].get("source") == "import"]
+    files += [f for spec in config.get("kbs", {}).values() for f in spec["inputs"]]
     return files
 
 
@@ -275,3 +277,33 @@ def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path
     for line in commands:
         assert f"--generator {model} " in line and "--generator-endpoint" in line and '"serve"' in line, line
         assert "--server-log logs/harr/serve/" in line, line
+
+
+def test_knowrl_paper_config_resolves_sft_rl_and_simpleqa_evaluation(tmp_path):
+    """KnowRL: their KB taken as is, their cold-start file imported, GRPO with the paper's reward
+    and judge settings, the untrained, SFT and RL policies graded on SimpleQA and TruthfulQA."""
+    config = _merged(KNOWRL_PAPER)
+    assert list(config["recipes"]) == ["knowrl"] and list(config["kbs"]) == ["knowrl"]
+    _assert_sources_are_user_data(config)
+    sys.path.insert(0, str(REPO / "src"))
+    from ragrl.recipe import parse_recipe, rl_config, sft_args
+
+    recipe = parse_recipe(copy.deepcopy(config["recipes"]["knowrl"]), "knowrl")
+    rl, sft, opts = rl_config(recipe), sft_args(recipe), recipe.options
+    assert (rl.group_size, rl.lr, rl.kl_coef, rl.steps, rl.batch_prompts, rl.seed) == (10, 1e-5, 0.001, 150, 8, 42)
+    assert (sft.lora_r, sft.lora_alpha, sft.lr, sft.epochs) == (256, 512, 1e-4, 4)
+    assert (opts.factscore, opts.grader, opts.gamma, opts.top_k, opts.nli_threshold) == ("paper", "llm", 10, 5, 0.3)
+    assert recipe.rollout.max_turns == 0 and recipe.reward == {"format": 1.0, "correct": 1.0, "fact": 1.0}
+    proc, seconds = _dry_run(KNOWRL_PAPER, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert seconds < 60, f"dry run took {seconds:.1f} s"
+    counts = _job_counts(out)
+    expected = {"kb": 1, "qa": 3, "sft_data": 1, "sft": 1, "rl": 1, "eval": 3, "results_db": 1}
+    for rule, n in expected.items():
+        assert counts.get(rule) == n, f"{rule}: {counts.get(rule)} jobs planned, expected {n}; plan: {counts}"
+    for rule in ("corpus", "index", "embed_shard", "pretrain", "tiny_model", "harr_train"):
+        assert rule not in counts, counts
+    _assert_gpu_rules_request_gpus(out, config, counts)
+    # The KB is an input of every job whose reward or metrics read it.
+    assert re.search(r"(?s)rule rl:.*?input: [^\n]*results/kb/knowrl/knowledge_base.db", out)

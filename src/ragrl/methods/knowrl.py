@@ -19,8 +19,11 @@ the grader (`em`; `llm`: KnowRL's judge prompt through the endpoint).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import random
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +37,8 @@ GRADERS = ("em", "llm")
 VERIFIERS = ("nli", "llm")
 ENDPOINT_KEYS = {"base_url": str, "model": str, "api_key_env": str, "timeout_s": (int, float), "max_retries": int,
                  "max_workers": int, "max_tokens": int}
-EVAL_COLUMNS = ("correct", "incorrect", "not_attempted", "format_ok")
+EVAL_COLUMNS = ("correct", "incorrect", "not_attempted", "format_ok", "fact_precision", "n_facts")
+REFUSAL = "I don't know"
 
 # KnowRL's system prompt (train/main.py, generate_prompt), with the question appended as the
 # user turn there; here one prompt text with {question}.
@@ -62,12 +66,23 @@ class KnowRLOptions:
     ranker_model: str | None = "sentence-transformers/gtr-t5-large"
     top_k: int = 5
     prompts_dir: str | None = None  # default resources/knowrl/prompts
+    # The knowledge-boundary toy (docs/KNOWRL.md): the cold-start SFT lets the policy read the KB
+    # documents of a `known_share` of the topics, each `read_repeats` times (its sentences in a new
+    # order each time), and teaches it to answer from them on known topics and to refuse on the
+    # others; evaluation groups questions by known / unknown topic. 0: no reading (the paper's SFT
+    # data has none), questions grouped by type.
+    known_share: float = 0.5
+    read_repeats: int = 0
+    question_repeats: int = 1  # copies of each training question's row (so reading does not drown them)
 
     def __post_init__(self) -> None:
         for name, allowed in (("fact_mode", FACT_MODES), ("factscore", BACKENDS), ("grader", GRADERS),
                               ("verifier", VERIFIERS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
+        if not 0.0 <= self.known_share <= 1.0 or self.read_repeats < 0 or self.question_repeats < 1:
+            raise ValueError(f"known_share={self.known_share} must be in [0, 1], read_repeats="
+                             f"{self.read_repeats} >= 0 and question_repeats={self.question_repeats} >= 1")
         if self.gamma < 1 or self.top_k < 1 or not 0.0 <= self.nli_threshold <= 1.0:
             raise ValueError(f"gamma={self.gamma} and top_k={self.top_k} must be >= 1, nli_threshold="
                              f"{self.nli_threshold} in [0, 1]")
@@ -175,33 +190,179 @@ def score_texts(options: KnowRLOptions, weights: Mapping[str, float],
     return out
 
 
+def options_of(recipe) -> KnowRLOptions:
+    return recipe.options if recipe.options is not None else KnowRLOptions()
+
+
+def is_known(topic: str, share: float, seed: int = 0) -> bool:
+    """Whether the toy policy reads `topic`'s document: a fixed share of topics, by hash, so the
+    SFT builder and the evaluation agree without sharing a file."""
+    digest = hashlib.sha256(f"{seed}\x00{topic}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
+def completion(think: str, answer: str) -> str:
+    return f"<think>\n{think}\n</think>\n<answer>{answer}</answer>"
+
+
 def make_environment(recipe, backends: Mapping[str, Any]):
     from ragrl.agent.environments import ClosedBookEnvironment
 
     return ClosedBookEnvironment()
 
 
-def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
-    options = recipe.options if recipe.options is not None else KnowRLOptions()
-    reward, components = score_texts(options, recipe.reward, [(row, trajectory.response_text)])[0]
-    return Score(reward, None, components)
-
-
-def eval_rollout(cfg):
-    # One turn that must end in <answer>: no tool turns, no <answer> prefilled (the think comes first).
+def single_turn(cfg):
+    # One turn that must end in <answer>: no tool turns, no <answer> prefilled (the think comes
+    # first), KnowRL's prompt unless the recipe sets one. Applied when a recipe is parsed, so SFT
+    # data, RL and evaluation share it.
     instruction = cfg.instruction if cfg.instruction is not None else INSTRUCTION
     return dataclasses.replace(cfg, max_turns=0, forced_answer_prefill=False, instruction=instruction)
 
 
-def eval_metrics(row: dict, trajectory) -> dict[str, float]:
-    """SimpleQA's grade of the answer by exact match (the rates are means of these) and the format.
-    Fact precision needs the recipe's KB, which this hook is not given (docs/KNOWRL.md)."""
-    from ragrl.rewards.knowrl import answer_text, em_grade, format_reward
+def files(recipe) -> dict[str, str]:
+    return {"kb": options_of(recipe).kb}
 
+
+def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
+    reward, components = score_texts(options_of(recipe), recipe.reward, [(row, trajectory.response_text)])[0]
+    return Score(reward, None, components)
+
+
+def gold_sft_reason(dataset: Mapping[str, Any]) -> str | None:
+    """Gold think text needs each question's topic and gold answer: the world's factual split."""
+    if dataset.get("format") == "parquet" and str(dataset.get("path", "")).startswith("results/world/factual/"):
+        return None
+    return (f"KnowRL's gold SFT data needs questions with a topic entity in the KB (the world's factual split), "
+            f"and dataset {dataset.get('path')!r} is not one; import their cold-start data (sft.source: import)")
+
+
+def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
+    """Cold-start SFT data for the knowledge-boundary toy: the KB documents of the known topics
+    (read as plain text, the whole text trained), then per training question either the topic's
+    document recalled in <think> and the gold answer (a known topic) or an empty think and
+    "I don't know" (an unknown one)."""
+    import transformers
+
+    from ragrl.agent.rollout import RolloutEngine
+    from ragrl.kb.build import kb_titles, read_document
+    from ragrl.toy.relations import RELATION_BY_KEY
+    from ragrl.train.sft_data import SFTDataStats, read_qa_rows, sft_row, write_sft_data
+
+    options = options_of(recipe)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(policy)
+    engine = RolloutEngine(None, tokenizer, env, recipe.rollout)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    rng = random.Random(recipe.seed)
+    stats, rows, groups = SFTDataStats("gold"), [], {"known": 0, "unknown": 0}
+
+    def document(topic: str) -> list[str]:
+        from ragrl.factscore.embedded import sentences
+
+        return [s for passage in read_document(options.kb, topic) or [] for s in sentences(passage)]
+
+    read = [t for t in kb_titles(options.kb) if is_known(t, options.known_share, recipe.seed)] \
+        if options.read_repeats else []
+    for title in read:
+        facts = document(title)
+        for r in range(options.read_repeats):
+            rng.shuffle(facts)
+            ids = tokenizer.encode(" ".join(facts), add_special_tokens=False) + eos
+            rows.append(sft_row(f"read-{title}-{r}", ids, [1] * len(ids), 0, tokenizer))
+    # Every fact the documents state about each training topic becomes a question (the row's own
+    # wording for its fact, a template's for the others): the toy's split has ~1 question per
+    # topic, too few to learn which fact a question asks for.
+    asked: dict[str, dict[str, str]] = {}
+    for row in read_qa_rows(qa, limit):
+        stats.total += 1
+        topic, hop = topic_of(row), _hop(row)
+        if topic is None or hop is None:
+            stats.dropped["no_topic_or_hop"] += 1
+            continue
+        asked.setdefault(topic, {})[hop[1]] = str(row["question"])
+        stats.kept += 1
+    n_questions = 0
+    for topic, own in asked.items():
+        known = is_known(topic, options.known_share, recipe.seed)
+        facts = document(topic)
+        for relation, tail, stated, prefix in _stated_facts(topic, facts, prefer=own):
+            question = own.get(relation) or rng.choice(RELATION_BY_KEY[relation].questions).format(h=topic)
+            # The think states the asked fact as the documents do, so whether the policy knows the
+            # topic is decided where it recalls the answer, not before the first word: a known
+            # topic's fact completed, an unknown one broken off.
+            think = stated if known else f"{prefix} ... I have not read about {topic}."
+            prompt = engine.prompt_ids(question)
+            reply = tokenizer.encode(completion(think, tail if known else REFUSAL), add_special_tokens=False) + eos
+            if len(reply) > recipe.rollout.max_turn_tokens:
+                stats.dropped["turn_too_long"] += 1
+                continue
+            groups["known" if known else "unknown"] += 1
+            n_questions += 1
+            rows += [sft_row(f"{topic}/{relation}", prompt + reply, [0] * len(prompt) + [1] * len(reply), 1,
+                             tokenizer)] * options.question_repeats
+    write_sft_data(rows, stats, out)
+    print(f"[sft-data] knowrl: {len(read)} known documents read x{options.read_repeats}; {len(asked)} topics, "
+          f"{n_questions} questions ({groups['known']} known / {groups['unknown']} unknown) x{options.question_repeats}; "
+          f"{stats.to_dict()}", file=sys.stderr, flush=True)
+    return {**stats.to_dict(), "documents_read": len(read), "read_rows": len(read) * options.read_repeats, **groups}
+
+
+def _hop(row: Mapping[str, Any]) -> list | None:
+    """The question's fact [head, relation, tail] (metadata hops)."""
+    try:
+        hop = json.loads(row.get("metadata") or "{}")["hops"][0]
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return hop if isinstance(hop, list) and len(hop) == 3 else None
+
+
+def _stated_facts(topic: str, sentences: list[str], prefer=()) -> list[tuple[str, str, str, str]]:
+    """(relation, tail, the sentence, the sentence up to the tail) for each sentence of a topic's
+    document that the world's canonical template of a relation reads, case kept; where two
+    relations share a template (a company's and a university's founding year), one in `prefer`."""
+    import re
+
+    from ragrl.toy.relations import RELATIONS
+
+    out = []
+    for sentence in sentences:
+        found = []
+        for rel in RELATIONS:
+            head_part, tail_part = rel.sentences[0].split("{t}")
+            m = re.fullmatch(re.escape(head_part.format(h=topic)) + "(?P<t>.+?)" + re.escape(tail_part.format(h=topic)),
+                             sentence)
+            if m:
+                found.append((rel.key, m.group("t"), sentence, sentence[:m.start("t")].rstrip()))
+        if found:  # the most literal template: "born in the year {t}" over "born in {t}"
+            out.append(min(found, key=lambda f: (len(f[1]), f[0] not in prefer)))
+    return out
+
+
+def eval_group(recipe, row: Mapping[str, Any]) -> str | None:
+    """known / unknown topic in the toy (the policy read its document or not); else the row's type."""
+    options = options_of(recipe)
+    topic = topic_of(row)
+    if not options.read_repeats or topic is None:
+        return None
+    return "known" if is_known(topic, options.known_share, recipe.seed) else "unknown"
+
+
+def eval_metrics(recipe, row: dict, trajectory) -> dict[str, float | None]:
+    """SimpleQA's three grades of the answer by exact match (the rates are their means), the
+    format, and the fact precision of the think text against the topic's KB document (None when
+    it states no fact or the question has no topic: left out of the mean)."""
+    from ragrl.rewards.knowrl import answer_text, em_grade, format_reward, think_text
+
+    options = options_of(recipe)
     text = getattr(trajectory, "response_text", "")
+    text = text if isinstance(text, str) else ""
     grade = em_grade(answer_text(text), [str(g) for g in row.get("golden_answers") or []])
+    topic = topic_of(row)
+    facts = fact_scorer(options).score(topic, think_text(text)) if topic is not None else None
+    n_facts = facts.n_facts if facts is not None and not facts.missing_topic else 0
     return {"correct": float(grade == "correct"), "incorrect": float(grade == "incorrect"),
-            "not_attempted": float(grade == "not_attempted"), "format_ok": float(format_reward(text) > 0)}
+            "not_attempted": float(grade == "not_attempted"),
+            "format_ok": float(format_reward(text, options.think_prefilled) > 0),
+            "fact_precision": facts.precision if n_facts else None, "n_facts": float(n_facts)}
 
 
 METHOD = Method(
@@ -212,7 +373,12 @@ METHOD = Method(
     reward_keys=REWARD_KEYS,
     default_reward={"format": 1.0, "correct": 1.0, "fact": 1.0},
     options=KnowRLOptions,
+    gold_sft=gold_sft,
+    gold_sft_reason=gold_sft_reason,
     eval_metrics=eval_metrics,
     eval_metric_columns=EVAL_COLUMNS,
-    eval_rollout=eval_rollout,
+    eval_group=eval_group,
+    rollout=single_turn,
+    files=files,
+    own_baseline=True,
 )
