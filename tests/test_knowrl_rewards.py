@@ -156,9 +156,11 @@ def test_single_turn_environment_and_eval_hooks(db):
     assert method.rollout(dataclasses.replace(RolloutConfig(), instruction="Q: {question}")).instruction == "Q: {question}"
     refusal = SimpleNamespace(response_text="<think>t</think><answer>I don't know</answer>")
     assert method.eval_metrics(recipe(db), ROW, refusal) == {
-        "correct": 0.0, "incorrect": 0.0, "not_attempted": 1.0, "format_ok": 1.0, "fact_precision": 0.0,
-        "n_facts": 1.0}  # "t" states no relation: a fact no passage supports
-    empty = SimpleNamespace(response_text="<think>\n</think><answer>I don't know</answer>")
+        "correct": 0.0, "incorrect": 0.0, "not_attempted": 1.0, "format_ok": 1.0, "fact_precision": None,
+        "n_facts": 1.0}  # a refusal rests on no claim: no precision, though "t" counts as a fact
+    guess = SimpleNamespace(response_text="<think>t</think><answer>Velmar Bay</answer>")
+    assert method.eval_metrics(recipe(db), ROW, guess)["fact_precision"] == 0.0  # "t": no passage supports it
+    empty = SimpleNamespace(response_text="<think>\n</think><answer>Port Velmar</answer>")
     assert method.eval_metrics(recipe(db), ROW, empty)["fact_precision"] is None  # no fact: no precision
     recalled = SimpleNamespace(response_text=f"<think>{PERSON} was born in Port Velmar. {PERSON} works for Acme."
                                              "</think><answer>Port Velmar</answer>")

@@ -348,8 +348,9 @@ def eval_group(recipe, row: Mapping[str, Any]) -> str | None:
 
 def eval_metrics(recipe, row: dict, trajectory) -> dict[str, float | None]:
     """SimpleQA's three grades of the answer by exact match (the rates are their means), the
-    format, and the fact precision of the think text against the topic's KB document (None when
-    it states no fact or the question has no topic: left out of the mean)."""
+    format, and the fact precision of the think text against the topic's KB document: the
+    precision of the claims an answer rests on, so None (left out of the mean) for a refusal, a
+    think stating no fact, or a question without a topic."""
     from ragrl.rewards.knowrl import answer_text, em_grade, format_reward, think_text
 
     options = options_of(recipe)
@@ -362,7 +363,8 @@ def eval_metrics(recipe, row: dict, trajectory) -> dict[str, float | None]:
     return {"correct": float(grade == "correct"), "incorrect": float(grade == "incorrect"),
             "not_attempted": float(grade == "not_attempted"),
             "format_ok": float(format_reward(text, options.think_prefilled) > 0),
-            "fact_precision": facts.precision if n_facts else None, "n_facts": float(n_facts)}
+            "fact_precision": facts.precision if n_facts and grade != "not_attempted" else None,
+            "n_facts": float(n_facts)}
 
 
 METHOD = Method(
