@@ -238,9 +238,9 @@ def gold_sft_reason(dataset: Mapping[str, Any]) -> str | None:
 
 def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     """Cold-start SFT data for the knowledge-boundary toy: the KB documents of the known topics
-    (read as plain text, the whole text trained), then per training question either the topic's
-    document recalled in <think> and the gold answer (a known topic) or an empty think and
-    "I don't know" (an unknown one)."""
+    (read as plain text, the whole text trained), then a question on every fact each training
+    topic's document states: on a known topic <think> states the fact and <answer> gives its
+    tail; on an unknown one <think> breaks the sentence off and <answer> is "I don't know"."""
     import transformers
 
     from ragrl.agent.rollout import RolloutEngine
