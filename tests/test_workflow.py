@@ -186,6 +186,10 @@ def test_workflow_runs_end_to_end(tmp_path):
         ({"datasets": {"qa": {"format": "parquet", "path": "qa.parquet"}},
           "recipes": {"kg_r1": {"env": "kg", "train_dataset": "qa"}}},
          "config key 'recipes.kg_r1.train_dataset': dataset 'qa' names no kg"),
+        # An RL ablation may only share the SFT model of a recipe of its own method.
+        ({"recipes": {"a": {"env": "search", "train_dataset": "qa"},
+                      "b": {"env": "knowrl", "train_dataset": "qa", "sft": {"from": "a"}}}},
+         "config key 'recipes.b.sft.from': 'a' must be another recipe of the same env"),
     ],
 )
 def test_bad_config_stops_before_any_job(tmp_path, config, needle):

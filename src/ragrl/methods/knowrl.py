@@ -19,12 +19,13 @@ the grader (`em`; `llm`: KnowRL's judge prompt through the endpoint).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import random
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,14 +155,18 @@ class _EMGrader:
         return [em_grade(answer, golds) for _, golds, answer in items]
 
 
-def topic_of(row: Mapping[str, Any]) -> str | None:
+def _metadata(row: Mapping[str, Any]) -> dict:
+    """The row's metadata as a mapping ({} when absent or not a JSON object)."""
     meta = row.get("metadata") or "{}"
     try:
         meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
     except (ValueError, TypeError):
-        return None
-    if not isinstance(meta, dict):
-        return None
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def topic_of(row: Mapping[str, Any]) -> str | None:
+    meta = _metadata(row)
     for key in ("topic_entity", "title"):
         if isinstance(meta.get(key), str) and meta[key].strip():
             return meta[key]
@@ -241,29 +246,26 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     (read as plain text, the whole text trained), then a question on every fact each training
     topic's document states: on a known topic <think> states the fact and <answer> gives its
     tail; on an unknown one <think> breaks the sentence off and <answer> is "I don't know"."""
-    import transformers
-
-    from ragrl.agent.rollout import RolloutEngine
+    from ragrl.factscore.embedded import sentences
     from ragrl.kb.build import kb_titles, read_document
     from ragrl.toy.relations import RELATION_BY_KEY
-    from ragrl.train.sft_data import SFTDataStats, read_qa_rows, sft_row, write_sft_data
+    from ragrl.train.sft_data import SFTDataStats, data_engine, read_qa_rows, sft_row, write_sft_data
 
     options = options_of(recipe)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(policy)
-    engine = RolloutEngine(None, tokenizer, env, recipe.rollout)
+    engine = data_engine(policy, env, None, recipe.rollout)
+    tokenizer = engine.tokenizer
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     rng = random.Random(recipe.seed)
     stats, rows, groups = SFTDataStats("gold"), [], {"known": 0, "unknown": 0}
 
-    def document(topic: str) -> list[str]:
-        from ragrl.factscore.embedded import sentences
-
-        return [s for passage in read_document(options.kb, topic) or [] for s in sentences(passage)]
+    @functools.cache  # a known training topic's document is read, then asked about
+    def document(topic: str) -> tuple[str, ...]:
+        return tuple(s for passage in read_document(options.kb, topic) or [] for s in sentences(passage))
 
     read = [t for t in kb_titles(options.kb) if is_known(t, options.known_share, recipe.seed)] \
         if options.read_repeats else []
     for title in read:
-        facts = document(title)
+        facts = list(document(title))
         for r in range(options.read_repeats):
             rng.shuffle(facts)
             ids = tokenizer.encode(" ".join(facts), add_special_tokens=False) + eos
@@ -280,7 +282,6 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
             continue
         asked.setdefault(topic, {})[hop[1]] = str(row["question"])
         stats.kept += 1
-    n_questions = 0
     for topic, own in asked.items():
         known = is_known(topic, options.known_share, recipe.seed)
         facts = document(topic)
@@ -296,26 +297,23 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
                 stats.dropped["turn_too_long"] += 1
                 continue
             groups["known" if known else "unknown"] += 1
-            n_questions += 1
             rows += [sft_row(f"{topic}/{relation}", prompt + reply, [0] * len(prompt) + [1] * len(reply), 1,
                              tokenizer)] * options.question_repeats
     write_sft_data(rows, stats, out)
     print(f"[sft-data] knowrl: {len(read)} known documents read x{options.read_repeats}; {len(asked)} topics, "
-          f"{n_questions} questions ({groups['known']} known / {groups['unknown']} unknown) x{options.question_repeats}; "
+          f"{sum(groups.values())} questions ({groups['known']} known / {groups['unknown']} unknown) x{options.question_repeats}; "
           f"{stats.to_dict()}", file=sys.stderr, flush=True)
     return {**stats.to_dict(), "documents_read": len(read), "read_rows": len(read) * options.read_repeats, **groups}
 
 
 def _hop(row: Mapping[str, Any]) -> list | None:
     """The question's fact [head, relation, tail] (metadata hops)."""
-    try:
-        hop = json.loads(row.get("metadata") or "{}")["hops"][0]
-    except (ValueError, TypeError, KeyError, IndexError):
-        return None
+    hops = _metadata(row).get("hops")
+    hop = hops[0] if isinstance(hops, list) and hops else None
     return hop if isinstance(hop, list) and len(hop) == 3 else None
 
 
-def _stated_facts(topic: str, sentences: list[str], prefer=()) -> list[tuple[str, str, str, str]]:
+def _stated_facts(topic: str, sentences: Sequence[str], prefer=()) -> list[tuple[str, str, str, str]]:
     """(relation, tail, the sentence, the sentence up to the tail) for each sentence of a topic's
     document that the world's canonical template of a relation reads, case kept; where two
     relations share a template (a company's and a university's founding year), one in `prefer`."""
