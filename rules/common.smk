@@ -123,8 +123,37 @@ def _check_references():
     for i, name in enumerate(config["evaluation"]["datasets"]):
         if name not in config["datasets"]:
             errors.append(f"config key 'evaluation.datasets[{i}]': '{name}' is not a key of datasets {sorted(config['datasets'])}")
+    errors += _construct_kg_errors()
     if errors:
         raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _construct_kg_errors():
+    s = config.get("construct_kg") or {}
+    if not s:
+        return []
+    errors = []
+    if s["corpus"] not in config["corpora"]:
+        errors.append(f"config key 'construct_kg.corpus': '{s['corpus']}' is not a key of corpora {sorted(config['corpora'])}")
+    known = recipe_runs()
+    for name, spec in s["constructors"].items():
+        if isinstance(spec, dict) and spec["run"] not in known:
+            errors.append(f"config key 'construct_kg.constructors.{name}.run': '{spec['run']}' is not an evaluated run {sorted(known)}")
+    for name in set(s["constructors"]) & set(s.get("gold", {})):
+        errors.append(f"config key 'construct_kg.gold.{name}': '{name}' is also a constructor")
+    for i, name in enumerate(s.get("datasets", [])):
+        if name not in config["datasets"]:
+            errors.append(f"config key 'construct_kg.datasets[{i}]': '{name}' is not a key of datasets")
+    reader = s.get("reader")
+    if reader is not None:
+        if reader not in known:
+            errors.append(f"config key 'construct_kg.reader': '{reader}' is not an evaluated run {sorted(known)}")
+        elif "retriever" not in method_of(known[reader]["settings"]).inputs:
+            errors.append(f"config key 'construct_kg.reader': run '{reader}' does not search (its method reads no retriever)")
+        if len(s.get("datasets", [])) > 1:
+            errors.append("config key 'construct_kg.reader': reader runs answer one dataset; construct_kg.datasets names "
+                          f"{len(s['datasets'])}")
+    return errors
 
 
 def _check_index_factories():
@@ -371,6 +400,8 @@ def kg_inputs(dataset):
     path = kg_spec(dataset)["path"].rstrip("/")
     if path.startswith(world_dir() + "/kg/"):
         return {"kg": f"{path}/triples.parquet", "kg_entities": f"{world_dir()}/entities.parquet"}
+    if path.startswith(f"{RESULTS}/kg_built/"):  # a KG a constructor builds (rule construct_kg)
+        return {"kg": f"{path}/triples.parquet"}
     return {"kg": path}
 
 
@@ -437,6 +468,13 @@ def rl_start_model(name):
 
 def runs():
     """Every evaluated run: id → recipe settings (as passed to the CLI), model dir, stage."""
+    out = recipe_runs()
+    out.update(graph_reader_runs(out))
+    return out
+
+
+def recipe_runs():
+    """The runs of the recipes: baselines, SFT, RL, oracle."""
     out = {}
     names = list(config["recipes"])
     # The baselines use the prompt and budgets of the first recipe whose method has them, on
@@ -460,7 +498,8 @@ def runs():
         out[f"{name}_rl"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "rl"), "stage": "rl"}
         # The upper bound of a retrieving recipe: its RL policy with oracle retrieval (every query
         # gets its question's supporting passages).
-        if config["evaluation"]["oracle"] and "retriever" in method_of(recipe(name)).inputs:
+        if config["evaluation"]["oracle"] and "retriever" in method_of(recipe(name)).inputs \
+                and method_of(recipe(name)).oracle_row:
             out[f"{name}_oracle"] = {"recipe": name, "settings": recipe(name), "model": merged_dir(name, "rl"),
                                      "stage": "oracle"}
     return out
@@ -477,6 +516,8 @@ def run_model_inputs(run_id):
 def run_datasets(run_id):
     """The datasets a run is evaluated on: its recipe's eval_datasets, else evaluation.datasets."""
     run = runs()[run_id]
+    if run["stage"] == "graph":
+        return run["datasets"]
     if run["stage"] in ("base", "no_retrieval") and not run.get("own_datasets"):
         return config["evaluation"]["datasets"]
     return run["settings"].get("eval_datasets") or config["evaluation"]["datasets"]
@@ -490,8 +531,10 @@ def run_inputs(wildcards):
     for dataset in run_datasets(wildcards.run):
         inputs[f"{dataset}__qa"] = qa_path(dataset)
         inputs.update({f"{dataset}__{k}": v for k, v in env_inputs(run["settings"], run["recipe"], dataset).items()})
-    if run["stage"] == "oracle":
+    if run["stage"] in ("oracle", "graph"):
         inputs["passages"] = passages_path(config["retrieval"]["corpus"])
+    if run["stage"] == "graph":  # one dataset (checked): its ranking over the run's graph
+        inputs["ranking"] = f"{RESULTS}/graph_rag/graph_{run['graph']}/{run['datasets'][0]}/ranking.parquet"
     return inputs
 
 
@@ -503,6 +546,8 @@ def run_settings_json(wildcards):
 def run_definition(run_id):
     """Everything that defines a run (its manifest's config hash): the stages behind its model."""
     run = runs()[run_id]
+    if run["stage"] == "graph":  # the reader's own definition, and the graph its passages come from
+        return {**run_definition(run["reader"]), "graph": {run["graph"]: constructor_definition(run["graph"])}}
     parts = {"eval": recipe_part(run["recipe"], "eval", run["settings"])}
     if run["stage"] in ("sft", "rl", "oracle"):
         parts["sft_data"] = recipe_part(sft_owner(run["recipe"]), "sft_data")
@@ -525,6 +570,8 @@ def run_env_args(wildcards, input):
     retriever = env_flags(env, settings, datasets[0], ("retriever",))
     if run["stage"] == "oracle":
         retriever += ["--oracle", "--passages", input["passages"]]
+    if run["stage"] == "graph":
+        retriever = ["--ranking", input["ranking"], "--passages", input["passages"]]
     return retriever + flags
 
 
@@ -573,6 +620,7 @@ def all_outputs():
         outputs += [f"{RESULTS}/tables/retrieval_recall.md",
                     f"{RESULTS}/checks/retrieval_service_{corpus}_{hybrid}.json"]
     outputs += eval_outputs() + run_manifests() + harr_eval_outputs() + harr_recall_outputs()
+    outputs += graph_rank_outputs() + graph_manifests()
     if eval_outputs() or harr_eval_outputs():
         outputs.append(f"{RESULTS}/ragrl.duckdb")
         outputs += [f"{RESULTS}/tables/{name}.md" for name in table_names()]
@@ -599,14 +647,66 @@ def constructor_spec(wildcards):
 
 
 def constructor_inputs(wildcards):
-    # "policy": the base policy (the built tiny model is a workflow output); else a path or hub id.
-    return {"passages": passages_path(construct_kg_settings()["corpus"]),
-            "model": policy_inputs() if constructor_spec(wildcards) == "policy" else []}
+    # "policy": the base policy (the built tiny model is a workflow output); {run: id}: that run's
+    # checkpoint (a workflow output); else a path or hub id.
+    spec = constructor_spec(wildcards)
+    if isinstance(spec, dict):
+        model = run_model_inputs(spec["run"])
+    else:
+        model = policy_inputs() if spec == "policy" else []
+    return {"passages": passages_path(construct_kg_settings()["corpus"]), "model": model}
 
 
 def constructor_model(wildcards, input):
-    model = constructor_spec(wildcards)
-    return policy_param(wildcards, input.model) if model == "policy" else model
+    spec = constructor_spec(wildcards)
+    if isinstance(spec, dict):
+        model = runs()[spec["run"]]["model"]
+        return policy_param(wildcards, input.model) if model == policy_dir() else input.model[0]
+    return policy_param(wildcards, input.model) if spec == "policy" else spec
+
+
+def constructor_definition(graph):
+    """What defines a graph: a gold KG's path, or its constructor (a run's definition or a model)."""
+    s = construct_kg_settings()
+    if graph in s.get("gold", {}):
+        return {"gold": s["gold"][graph]}
+    spec = s["constructors"][graph]
+    settings = {k: s.get(k) for k in ("corpus", "batch_size", "max_turn_tokens", "limit")}
+    if isinstance(spec, dict):
+        return {"run": run_definition(spec["run"]), **settings}
+    return {"model": config["models"]["policy"] if spec == "policy" else spec, **settings}
+
+
+def graph_names():
+    """Graphs the benchmark ranks passages over: each constructor's KG, then the gold KGs."""
+    s = construct_kg_settings()
+    return list(s.get("constructors", {})) + list(s.get("gold", {}))
+
+
+def graph_triples(graph):
+    gold = construct_kg_settings().get("gold", {})
+    return f"{gold[graph].rstrip('/')}/triples.parquet" if graph in gold else f"{RESULTS}/kg_built/{graph}/triples.parquet"
+
+
+def graph_rank_outputs():
+    datasets = construct_kg_settings().get("datasets", [])
+    return [f"{RESULTS}/graph_rag/graph_{g}/{d}/metrics.json" for g in graph_names() for d in datasets]
+
+
+def graph_manifests():
+    return [f"{RESULTS}/graph_rag/runs/graph_{g}/run.json" for g in graph_names()] if construct_kg_settings().get(
+        "datasets") else []
+
+
+def graph_reader_runs(recipe_run_map):
+    """Reader runs: the reader run's policy and settings, every search answered by a graph's PPR
+    ranking of the question's passages (stage "graph")."""
+    s = construct_kg_settings()
+    if not s.get("reader") or not s.get("datasets"):
+        return {}
+    reader = recipe_run_map[s["reader"]]
+    return {f"graph_{g}_reader": {**reader, "stage": "graph", "graph": g, "reader": s["reader"],
+                                  "datasets": s["datasets"]} for g in graph_names()}
 
 
 # ---------------------------------------------------------------- HARR (rules/harr.smk)

@@ -4,16 +4,17 @@
 
 rule results_db:
     input:
-        runs=run_manifests() + harr_manifests(),
+        runs=run_manifests() + harr_manifests() + graph_manifests(),
         # Each run's evaluation directory (files listed in params), HARR's evaluation files.
         eval_dirs=eval_outputs(),
         harr=harr_eval_outputs() + harr_recall_outputs() + harr_predictions(),
+        graphs=graph_rank_outputs(),
         # Named by run id (<recipe>_rl): the database files a training log under its run.
         train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]] + harr_train_logs(),
     output:
         f"{RESULTS}/ragrl.duckdb",
     params:
-        evals=eval_files("metrics.json") + harr_eval_outputs() + harr_recall_outputs(),
+        evals=eval_files("metrics.json") + harr_eval_outputs() + harr_recall_outputs() + graph_rank_outputs(),
         predictions=eval_files("predictions.parquet") + harr_predictions(),
         rule_gpus=lambda wc: recipe_json(rule_gpus()),
         tables=recipe_json(config["results"]["tables"]),

@@ -284,3 +284,118 @@ def test_construct_kg_starts_over_when_the_settings_change(tiny, tmp_path):
                          ConstructSettings(batch_size=2, limit=4))
     assert stats["generated_now"] == 4 and stats["triples"] == 0 and stats["invalid_passages"] == 4
     assert pq.read_table(out / "triples.parquet").num_rows == 0
+
+
+# --------------------------------------------------------------------------- the engine hook, evaluation
+
+
+class _Passages:
+    """The part of a Searcher the environment reads (R_C needs no search)."""
+
+    def __init__(self, root):
+        from ragrl.retrieval.searcher import PassageStore
+
+        self.passages = PassageStore(pq.read_table(root / "world/passages.parquet"))
+
+
+def _carrier_recipe(t, **options):
+    return parse_recipe({"env": "graph_constructor", "rollout": {"max_turn_tokens": 400},
+                         "options": {"reward": "carrier", "gold_triples": str(t.root / "world/kg/B/triples.parquet"),
+                                     **options}}, "ag")
+
+
+def test_engine_hook_drives_constructor_episodes_for_rl_and_evaluation(tiny):
+    """The generic stages call `method.make_engine(...).run_rows(rows, n, seed)`; the constructor's
+    engine turns QA rows into episodes, and each trajectory carries its episode for the reward."""
+    from ragrl.stages.agent_rl import make_rollout_fn
+
+    method = get_method("graph_constructor")
+    recipe = _carrier_recipe(tiny)
+    env = method.make_environment(recipe, {"retriever": _Passages(tiny.root)})
+    engine = method.make_engine(ScriptedGenerator(tiny.tok, _gold_script(tiny)), tiny.tok, env, recipe.rollout)
+    trajs = engine.run_rows(tiny.qa, n=2, seed=1)
+    assert len(trajs) == 2 * len(tiny.qa) and all(t.complete for t in trajs)
+    assert [t.episode.id for t in trajs[::2]] == [str(r["id"]) for r in tiny.qa]
+    record = engine.record(tiny.qa[0], trajs[0])
+    assert record["format"] == 1.0 and record["em"] is None and record["turns"] == 2
+    assert record["generated_tokens"] == sum(trajs[0].loss_mask) > 0
+    metrics = method.eval_metrics(recipe, tiny.qa[0], trajs[0])
+    assert set(metrics) == set(method.eval_metric_columns) and metrics["valid"] == 1.0
+    assert metrics["triples"] == float(len(trajs[0].triples())) > 0
+
+    # The RL stage's rollout function, with the engine swapped in by the method, scores every
+    # sample: the gold graph links each answer to the question's entity (connectivity judge: yes).
+    class Model:  # HFGenerator wraps it; the scripted engine never calls it
+        pass
+
+    import ragrl.agent.generation as generation
+
+    real = generation.HFGenerator
+    generation.HFGenerator = lambda model, pad, tok: ScriptedGenerator(tiny.tok, _gold_script(tiny))
+    try:
+        samples = make_rollout_fn(recipe, tiny.tok, env)(tiny.qa[:2], 2, Model(), 1)
+    finally:
+        generation.HFGenerator = real
+    assert len(samples) == 4 and [s.group for s in samples] == [0, 0, 1, 1]
+    assert all(s.stats["reward_valid"] == 1.0 for s in samples)
+    assert all(len(s.loss_mask) == len(s.response_ids) for s in samples)
+
+
+def test_document_unit_gold_sft_writes_one_turn_rows_per_distinct_document(tiny, tmp_path):
+    qa = tmp_path / "qa.parquet"
+    pq.write_table(pq.read_table(tiny.root / "world/qa/train.parquet").slice(0, 6), qa)
+    method = get_method("graph_constructor")
+    recipe = _carrier_recipe(tiny, sft_unit="document")
+    env = method.make_environment(recipe, {"retriever": _Passages(tiny.root)})
+    stats = method.gold_sft(recipe, qa, tiny.model_dir, env, {}, tmp_path / "sft.parquet")
+    rows = pq.read_table(tmp_path / "sft.parquet").to_pylist()
+    distinct = {s for r in pq.read_table(qa).to_pylist() for s in r["supporting_ids"]}
+    assert stats["total"] == len(distinct) and {r["id"] for r in rows} <= distinct
+    assert all(r["num_turns"] == 1 for r in rows)
+    with pytest.raises(ValueError, match="sft_unit"):
+        _carrier_recipe(tiny, sft_unit="passage")
+
+
+def test_corpus_graph_ranking_and_the_reader_retriever(tiny, tmp_path):
+    """graph-rank over the world's gold KG B: every passage is a node, rankings are written best
+    first and are what the reader's retriever returns, in order, whatever the query."""
+    import json
+
+    from ragrl.kg.text_graph import GraphRetriever, rank_passages
+    from ragrl.retrieval.oracle import RankingRetriever
+    from ragrl.stages.graph_rag import corpus_graph, graph_rank
+
+    def embed(texts):  # bag of words hashed into 64 dims: deterministic, no model
+        out = np.zeros((len(texts), 64))
+        for i, text in enumerate(texts):
+            for w in re.findall(r"\w+", text.lower()):
+                out[i, sum(map(ord, w)) % 64] += 1.0
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+    root = tiny.root / "world"
+    graph = corpus_graph(root / "kg/B/triples.parquet", root / "passages.parquet")
+    assert len(graph.passages) == pq.read_metadata(root / "passages.parquet").num_rows
+    questions = [r["question"] for r in tiny.world.qa["test"][:5]]
+    shared = GraphRetriever(graph, embed)
+    assert [shared.rank(q).passage_ids for q in questions] == [rank_passages(graph, q, embed).passage_ids
+                                                               for q in questions]
+    metrics = graph_rank(root / "kg/B/triples.parquet", root / "passages.parquet", root / "qa/test.parquet",
+                         tmp_path / "g", run_id="graph_gold", dataset="world_test", embed=embed, keep=3)
+    assert json.loads((tmp_path / "g/metrics.json").read_text()) == metrics
+    assert metrics["metrics"]["recall@5"] >= metrics["metrics"]["recall@2"] > 0
+    assert metrics["graph"]["passages"] == len(graph.passages)
+    ranking = pq.read_table(tmp_path / "g/ranking.parquet").to_pylist()
+    assert all(len(r["passage_ids"]) <= 3 and r["scores"] == sorted(r["scores"], reverse=True) for r in ranking)
+
+    reader = RankingRetriever(root / "passages.parquet", tmp_path / "g/ranking.parquet")
+    first = ranking[0]
+    hits = reader.search_for(["anything", "else"], 2, [first["id"], "no-such-question"])
+    assert [h.id for h in hits[0]] == first["passage_ids"][:2] and hits[1] == []
+    with pytest.raises(ValueError, match="sample ids"):
+        reader.search(["q"], 2)
+
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pq.read_table(root / "kg/B/triples.parquet").slice(0, 1).set_column(
+        3, "source_id", [["nowhere"]]), bad)
+    with pytest.raises(ValueError, match=r"bad.parquet: source_id\(s\) \['nowhere'\]"):
+        corpus_graph(bad, root / "passages.parquet")

@@ -49,6 +49,12 @@ def _tiny_config() -> dict:
         "search_r1": {**recipes["search_r1"], **{k: {**recipes["search_r1"][k], **v} for k, v in _SMALL.items()}},
         "kg_r1": {**recipes["kg_r1"], **{k: {**recipes["kg_r1"][k], **v} for k, v in kg_small.items()}},
     }
+    # AutoGraph-R1's constructor, graphs and the KG-R1 row over the built KG run in
+    # tests/test_autograph_workflow.py.
+    cfg["recipes"]["kg_r1"]["eval_datasets"] = KG_DATASETS
+    cfg["construct_kg"] = None
+    cfg["datasets"].pop("world_kgqa_A_test_built")
+    cfg["kgs"].pop("world_built")
     cfg["evaluation"].update(max_questions=4, batch_size=4)
     # No HARR: this world's random generator answers nothing, so HARR's filter would keep no
     # question (tests/test_harr_workflow.py runs HARR on this world with the filter off).
@@ -61,7 +67,7 @@ def _tiny_config() -> dict:
     # (tests/test_results_db.py) and in the default run.
     # KnowRL's recipes and tables run in tests/test_knowrl_recipe.py.
     cfg["results"]["tables"] = [t for t in cfg["results"]["tables"]
-                                if t["name"] != "toy_em_by_type" and not t["name"].startswith("knowrl_")]
+                                if t["name"] != "toy_em_by_type" and not t["name"].startswith(("knowrl_", "autograph_"))]
     for table in cfg["results"]["tables"]:
         if table["name"].startswith("toy_"):
             table["runs"] = RUNS

@@ -224,6 +224,15 @@ def _cmd_construct_kg(args: argparse.Namespace) -> None:
                        served_name=args.served_name)
 
 
+def _cmd_graph_rank(args: argparse.Namespace) -> None:
+    from ragrl.retrieval.encoder import Encoder
+    from ragrl.stages.graph_rag import graph_rank
+
+    graph_rank(args.triples, args.passages, args.qa, args.out, run_id=args.run_id, dataset=args.dataset,
+               embed=Encoder(args.embedding_model).encode_queries, top_triples=args.top_triples,
+               max_questions=args.max_questions or None)
+
+
 def _cmd_retrieval_eval(args: argparse.Namespace) -> None:
     from ragrl.retrieval.evaluate import evaluate_retrieval, write_recall_report
 
@@ -268,7 +277,7 @@ def _backends(args: argparse.Namespace) -> dict:
     oracle = getattr(args, "oracle", False)
     return load_backends(index=args.index, bm25=args.bm25, mode=args.mode, passages=args.passages, gpu=args.gpu,
                          kg=args.kg, kg_mode=args.kg_mode, kg_url=args.kg_url,
-                         oracle_qa=args.qa if oracle else None)
+                         oracle_qa=args.qa if oracle else None, ranking=getattr(args, "ranking", None))
 
 
 def _cmd_sft_data(args: argparse.Namespace) -> None:
@@ -595,6 +604,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_construct_kg)
 
+    p = sub.add_parser("graph-rank", help="rank a corpus' passages for each question with the PPR retriever over "
+                                         "a KG whose triples name their passage: ranking.parquet + metrics.json")
+    p.add_argument("--triples", type=Path, required=True, help="triples.parquet with source_id (built or gold KG)")
+    p.add_argument("--passages", type=Path, required=True)
+    p.add_argument("--qa", type=Path, required=True, help="QA parquet with supporting_ids")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--embedding-model", default="sentence-transformers/all-MiniLM-L6-v2")
+    p.add_argument("--top-triples", type=int, default=10)
+    p.add_argument("--max-questions", type=int)
+    p.set_defaults(func=_cmd_graph_rank)
+
     retrieval = sub.add_parser("retrieval", help="evaluate and check retrieval").add_subparsers(
         dest="retrieval_command", required=True)
     p = retrieval.add_parser("eval", help="recall/hit/all@k of supporting passages on QA sets")
@@ -662,6 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="the run's evaluation dir")
     p.add_argument("--oracle", action="store_true",
                    help="oracle retrieval: every query gets its question's supporting passages (from --passages)")
+    p.add_argument("--ranking", type=Path,
+                   help="ranking.parquet (id, passage_ids): every query gets its question's ranked passages")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("harr-filter", help="HARR: G stochastic rollouts per question with the initial encoder; "

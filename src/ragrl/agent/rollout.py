@@ -116,6 +116,13 @@ class RolloutEngine:
     def run_questions(self, questions: Sequence[str], instruction: str | None = None, **kwargs) -> list[Trajectory]:
         return self.run([self.prompt_ids(q, instruction) for q in questions], **kwargs)
 
+    def run_rows(self, rows: Sequence[dict], n: int | None = None, seed: int | None = None) -> list[Trajectory]:
+        """The engine protocol the RL and evaluation stages drive (`ragrl.methods.Method.engine`):
+        `n` samples per QA row (prompt-major). Question ids reach environments that answer per
+        question (KG subgraph mode, oracle retrieval)."""
+        return self.run_questions([r["question"] for r in rows], n=n, seed=seed,
+                                  sample_ids=[str(r["id"]) for r in rows])
+
     # ----------------------------------------------------------------------- the loop
 
     def run(self, prompts: Sequence[Sequence[int]], n: int | None = None, seed: int | None = None,

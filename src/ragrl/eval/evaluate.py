@@ -66,7 +66,8 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
              dataset: str, rollout_cfg=None, batch_size: int = 32, max_questions: int | None = None,
              temperature: float | None = 0.0, device: str = "cpu", dtype: str = "auto", generator=None,
              tokenizer=None, extra_metrics: Callable[[dict, Any], dict] | None = None,
-             extra_columns: Sequence[str] = (), group_of: Callable[[dict], str | None] | None = None) -> dict:
+             extra_columns: Sequence[str] = (), group_of: Callable[[dict], str | None] | None = None,
+             make_engine: Callable[..., Any] | None = None, row_columns: Sequence[str] = ()) -> dict:
     """Roll out the policy in `model_dir` on every question of `qa_parquet` in environment `env`;
     write predictions and metrics.
 
@@ -84,9 +85,9 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     if temperature is not None:
         cfg = dataclasses.replace(cfg, temperature=temperature)
     generator, tokenizer = _policy(model_dir, generator, tokenizer, device, dtype)
-    engine = RolloutEngine(generator, tokenizer, env, cfg)
+    engine = (make_engine or RolloutEngine)(generator, tokenizer, env, cfg)
 
-    rows = _read_questions(qa_parquet, max_questions)
+    rows = _read_questions(qa_parquet, max_questions, row_columns)
     predictions = run_predictions(engine, rows, batch_size, desc=f"eval {run_id}/{dataset}", extra_metrics=extra_metrics,
                                   group_of=group_of)
     metrics = summarize(predictions, run_id, dataset, extra_columns)
@@ -108,9 +109,10 @@ def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "
     out: list[dict] = []
     batches = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
     for batch in progress(batches, desc=desc, unit="batch"):
-        trajs = engine.run_questions([r["question"] for r in batch], n=1, sample_ids=[str(r["id"]) for r in batch])
+        trajs = engine.run_rows(batch, n=1)
+        own_record = getattr(engine, "record", None)
         for row, t in zip(batch, trajs, strict=True):
-            record = prediction_record(row, t, engine.env.spec.tools)
+            record = own_record(row, t) if own_record else prediction_record(row, t, engine.env.spec.tools)
             if extra_metrics is not None:
                 record.update(extra_metrics(row, t))
             if group_of is not None:
@@ -231,9 +233,9 @@ def _quiet_progress_bars() -> None:
         transformers.utils.logging.disable_progress_bar()
 
 
-def _read_questions(path: str | Path, limit: int | None) -> list[dict]:
+def _read_questions(path: str | Path, limit: int | None, columns: Sequence[str] = ()) -> list[dict]:
     # metadata carries a KGQA row's answer entities (text and KB id) for the KG metrics.
-    table = read_columns(path, ["id", "question", "golden_answers"], optional=("metadata",))
+    table = read_columns(path, ["id", "question", "golden_answers"], optional=("metadata", *columns))
     if limit is not None:
         table = table.slice(0, max(limit, 0))
     return table.to_pylist()

@@ -118,6 +118,7 @@ class ConstructorTrajectory:
     texts: list[str] = field(default_factory=list)
     stop_reason: str = ""  # done | invalid | response_limit
     latency_s: float = 0.0
+    episode: Episode | None = None  # set by the engine that ran it: what the reward reads
 
     @property
     def complete(self) -> bool:
@@ -146,8 +147,11 @@ class ConstructorRollout:
         from ragrl.agent.generation import cut_at_stop
 
         start = time.monotonic()
-        trajs = [ConstructorTrajectory(p, s, self.frame.prompt_ids(document_message(e.documents[0], 0)))
-                 for p, e in enumerate(episodes) if e.documents for s in range(n)]
+        empty = [e.id for e in episodes if not e.documents]
+        if empty:
+            raise ValueError(f"episode(s) without documents: {empty[:5]}")
+        trajs = [ConstructorTrajectory(p, s, self.frame.prompt_ids(document_message(e.documents[0], 0)), episode=e)
+                 for p, e in enumerate(episodes) for s in range(n)]
         active = list(trajs)
         stops = [self.frame.eos_id] if self.frame.eos_id is not None else []
         turn = 0

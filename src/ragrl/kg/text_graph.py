@@ -227,26 +227,46 @@ class PassageRanking:
 def rank_passages(graph: TextGraph, question: str, embed: Embedder, top_triples: int = TOP_TRIPLES,
                   alpha: float = PPR_DAMPING) -> PassageRanking:
     """HippoRAG 2's passage ranking over `graph` for one question (module docstring)."""
-    if not graph.triples:
-        return _empty("the graph has no triples, so nothing links the question to a passage")
-    texts = [t.text() for t in graph.triples]
-    vectors = np.asarray(embed([question, *texts]), dtype=np.float64)
-    scores = vectors[1:] @ vectors[0]
-    top = top_indices(scores, top_triples)
-    weights = np.zeros(graph.n_nodes)
-    counts = np.zeros(graph.n_nodes)
-    for t in top:
-        for node in {int(graph.heads[t]), int(graph.tails[t])}:
-            weights[node] += max(float(scores[t]), 0.0)
-            counts[node] += 1
-    reset = np.divide(weights, counts, out=np.zeros_like(weights), where=counts > 0)
-    if reset.sum() <= 0:  # every top triple scored <= 0: still walk from its nodes, uniformly
-        reset = (counts > 0).astype(np.float64)
-    rank = personalized_pagerank(ppr_matrix(graph), reset, alpha)
-    e = len(graph.entities)
-    mass = rank[e:]
-    order = [int(i) for i in np.lexsort((np.arange(mass.size), -mass)) if mass[i] > 0]
-    return PassageRanking(tuple(graph.passages[i] for i in order), tuple(float(mass[i]) for i in order))
+    return GraphRetriever(graph, embed, top_triples, alpha).rank(question)
+
+
+class GraphRetriever:
+    """The PPR passage retriever over one graph, for many questions: the triples are embedded and
+    the walk matrix built once (a corpus-level graph), each question costs one query embedding
+    and one walk."""
+
+    def __init__(self, graph: TextGraph, embed: Embedder, top_triples: int = TOP_TRIPLES,
+                 alpha: float = PPR_DAMPING) -> None:
+        self.graph, self.embed, self.top_triples, self.alpha = graph, embed, top_triples, alpha
+        self._vectors: np.ndarray | None = None
+        self._adj = None
+
+    def rank(self, question: str) -> PassageRanking:
+        graph = self.graph
+        if not graph.triples:
+            return _empty("the graph has no triples, so nothing links the question to a passage")
+        if self._vectors is None:
+            vectors = np.asarray(self.embed([question, *(t.text() for t in graph.triples)]), dtype=np.float64)
+            self._vectors, query = vectors[1:], vectors[0]
+            self._adj = ppr_matrix(graph)
+        else:
+            query = np.asarray(self.embed([question]), dtype=np.float64)[0]
+        scores = self._vectors @ query
+        top = top_indices(scores, self.top_triples)
+        weights = np.zeros(graph.n_nodes)
+        counts = np.zeros(graph.n_nodes)
+        for t in top:
+            for node in {int(graph.heads[t]), int(graph.tails[t])}:
+                weights[node] += max(float(scores[t]), 0.0)
+                counts[node] += 1
+        reset = np.divide(weights, counts, out=np.zeros_like(weights), where=counts > 0)
+        if reset.sum() <= 0:  # every top triple scored <= 0: still walk from its nodes, uniformly
+            reset = (counts > 0).astype(np.float64)
+        rank = personalized_pagerank(self._adj, reset, self.alpha)
+        e = len(graph.entities)
+        mass = rank[e:]
+        order = [int(i) for i in np.lexsort((np.arange(mass.size), -mass)) if mass[i] > 0]
+        return PassageRanking(tuple(graph.passages[i] for i in order), tuple(float(mass[i]) for i in order))
 
 
 def _empty(reason: str) -> PassageRanking:
@@ -254,6 +274,6 @@ def _empty(reason: str) -> PassageRanking:
     return PassageRanking((), (), reason)
 
 
-__all__ = ["Embedder", "PPR_DAMPING", "PassageRanking", "SUBGRAPH_HOPS", "TOP_TRIPLES", "TextGraph", "build_graph",
+__all__ = ["Embedder", "GraphRetriever", "PPR_DAMPING", "PassageRanking", "SUBGRAPH_HOPS", "TOP_TRIPLES", "TextGraph", "build_graph",
            "name_key", "name_matches", "personalized_pagerank", "ppr_matrix", "rank_passages", "seed_entities",
            "subgraph_triples", "top_indices"]

@@ -64,6 +64,14 @@ class Method:
       files(recipe) -> {name: path}                           files the hooks read besides the
                                                               environment's inputs (a KB): inputs of
                                                               the recipe's jobs
+      engine(generator, tokenizer, env, rollout_cfg) -> engine   the episode loop RL and evaluation
+                                                              drive (default: the tag-action
+                                                              `RolloutEngine`): `run_rows(rows, n,
+                                                              seed)` -> trajectories with prompt_ids,
+                                                              response_ids, loss_mask, turn_index,
+                                                              prompt_index; `record(row, traj)` may
+                                                              replace the prediction row's generic
+                                                              fields
     """
 
     name: str
@@ -83,6 +91,9 @@ class Method:
     eval_group: Callable[..., str | None] | None = None
     rollout: Callable[..., Any] | None = None
     files: Callable[..., Mapping[str, str]] | None = None
+    engine: Callable[..., Any] | None = None
+    # Columns of the QA file the hooks read besides id, question, golden_answers, metadata.
+    row_columns: tuple[str, ...] = ()
     text_reward: Callable[..., dict] | None = None
     rl_backends: tuple[str, ...] = ("local",)
     # The untrained policy's `base` and `no_retrieval` rows are evaluated with the first recipe
@@ -91,10 +102,20 @@ class Method:
     # The untrained policy is also evaluated with each recipe of this method (`<recipe>_base`, on
     # the recipe's own datasets and prompt): a method whose task the shared baselines do not pose.
     own_baseline: bool = False
+    # Whether an oracle row (the RL policy with every search answered by the question's supporting
+    # passages) means something: it does for an agent that reads retrieved passages.
+    oracle_row: bool = True
     # How a run of this method changes the rollout settings before evaluation (closed book: no
     # tool turns, its own prompt).
     eval_rollout: Callable[..., Any] | None = None
     sft_data: bool = True  # False: the method has no cold-start SFT (e.g. the closed-book baseline)
+
+    def make_engine(self, generator, tokenizer, env, rollout_cfg):
+        if self.engine is not None:
+            return self.engine(generator, tokenizer, env, rollout_cfg)
+        from ragrl.agent.rollout import RolloutEngine
+
+        return RolloutEngine(generator, tokenizer, env, rollout_cfg)
 
     @property
     def sft_sources(self) -> tuple[str, ...]:

@@ -13,10 +13,12 @@ Both minus the share of repeated triples, 0 above `repetition_limit`.
 Cold-start SFT ("gold"): each passage's true triples from a world KG (`options.gold_triples`, a
 `head, relation, tail, source_id` parquet).
 
-Not yet runnable through the generic RL and evaluation stages: they drive `RolloutEngine`, whose
-episodes are tag actions with `<information>` observations; this method's environment must feed
-the next document as a new user turn and end the episode itself. `ConstructorRollout` does that on
-the same `Generator` protocol; docs/AUTOGRAPH_R1.md lists what the generic stages lack.
+Episodes run on the method's own engine (`ConstructorEngine`, the `engine` hook): the generic
+tag-action `RolloutEngine` frames observations inside the assistant turn, while this method feeds
+the next document as a new user turn and ends the episode itself. The RL and evaluation stages
+drive either through the same `run_rows` protocol. Evaluation (`eval_metrics`) reports the PPR
+retriever's recall@2/@5 of the supporting passages over the episode's graph, the reward the
+training optimises, the share of valid episodes, and the number and repetition of triples.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class GraphConstructorOptions:
     judge_model: str = ""
     embedding_model: str = "sentence-transformers/all-MiniLM-L6-v2"
     gold_triples: str = ""  # a triples parquet with source_id: the gold SFT targets
+    # Gold SFT rows: whole episodes (every document of a training question, one per turn), or each
+    # distinct document of those episodes as a one-turn transcript (shorter rows, more of them: the
+    # cheaper way to teach a small policy the triple format; construct-kg runs one-document episodes).
+    sft_unit: str = "episode"
 
     def __post_init__(self) -> None:
         from ragrl.kg.constructor import REWARD_MODES
@@ -60,6 +66,8 @@ class GraphConstructorOptions:
         for name in ("negatives", "recall_k", "top_triples", "hops"):
             if getattr(self, name) < (0 if name == "negatives" else 1):
                 raise ValueError(f"{name}={getattr(self, name)} is out of range")
+        if self.sft_unit not in ("episode", "document"):
+            raise ValueError(f"sft_unit must be 'episode' or 'document', got {self.sft_unit!r}")
         if not 0.0 <= self.repetition_limit <= 1.0:
             raise ValueError(f"repetition_limit={self.repetition_limit} must be in [0, 1]")
 
@@ -97,6 +105,8 @@ class ConstructorEnvironment:
     def score(self, episode, trajectory) -> Score:
         from ragrl.kg.constructor import carrier_scores, index_score
 
+        if episode is None:
+            raise ValueError("a constructor trajectory without its episode (run it with ConstructorEngine)")
         o = self.options
         if o.reward == "index":
             s = index_score(episode, trajectory.turns, trajectory.complete, _embedder(o.embedding_model),
@@ -131,15 +141,79 @@ def make_environment(recipe, backends: Mapping[str, Any]) -> ConstructorEnvironm
 
 
 def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
-    """`row["episode"]`: the trajectory's `Episode` (its documents); see `ConstructorEnvironment.score`."""
-    return ConstructorEnvironment(recipe.options).score(row["episode"], trajectory)
+    """The trajectory carries its `Episode` (its documents); see `ConstructorEnvironment.score`."""
+    return ConstructorEnvironment(recipe.options).score(trajectory.episode, trajectory)
+
+
+class ConstructorEngine:
+    """The `engine` hook: QA rows -> episodes (`ConstructorEnvironment.episodes`) -> batched
+    per-document rollouts (`ConstructorRollout`), each trajectory carrying its episode."""
+
+    def __init__(self, generator, tokenizer, env: ConstructorEnvironment, cfg) -> None:
+        from ragrl.kg.constructor import ConstructorRollout
+
+        self.env = env
+        self.seed = cfg.seed
+        self.rollout = ConstructorRollout(generator, tokenizer, max_turn_tokens=cfg.max_turn_tokens,
+                                          max_response_tokens=cfg.max_response_tokens, temperature=cfg.temperature,
+                                          top_p=cfg.top_p, allow_empty=env.options.allow_empty)
+
+    def run_rows(self, rows: list[dict], n: int | None = None, seed: int | None = None):
+        return self.rollout.run(self.env.episodes(rows), n=n or 1, seed=self.seed if seed is None else seed)
+
+    def record(self, row: Mapping[str, Any], t) -> dict:
+        """The prediction row: the episode's triples as the prediction; answer metrics do not apply
+        (null), `format` is 1 for an episode whose every turn is valid."""
+        from ragrl.eval.evaluate import question_type
+        from ragrl.kg.extraction import triples_json
+
+        observed = sum(1 for m in t.loss_mask if m == 0)
+        return {"id": str(row["id"]), "question": row["question"],
+                "golden_answers": [str(g) for g in row["golden_answers"]],
+                "prediction": triples_json(t.triples()), "turns": len(t.turns), "searches": 0, "queries": [],
+                "generated_tokens": len(t.loss_mask) - observed, "observation_tokens": observed,
+                "latency_s": float(t.latency_s), "em": None, "f1": None, "cover_em": None,
+                "format": float(t.complete), "stop_reason": t.stop_reason,
+                "response": "\n".join(t.texts), "question_type": question_type(dict(row))}
+
+
+def make_engine(generator, tokenizer, env, cfg) -> ConstructorEngine:
+    return ConstructorEngine(generator, tokenizer, env, cfg)
+
+
+EVAL_COLUMNS = ("recall@2", "recall@5", "reward", "valid", "triples", "repetition")
+
+
+def eval_metrics(recipe, row: Mapping[str, Any], trajectory) -> dict:
+    """Per episode: the PPR retriever's recall@2/@5 of the supporting passages over the graph the
+    constructor built from the episode's documents (0 for an invalid episode, as in training),
+    the training reward, validity, triple count and repetition share."""
+    from ragrl.kg.constructor import graph_docs
+    from ragrl.kg.text_graph import build_graph, rank_passages
+    from ragrl.rewards.autograph import recall_at_k
+
+    o: GraphConstructorOptions = recipe.options
+    episode = trajectory.episode
+    s = score(recipe, trajectory, row)
+    recall = {"recall@2": 0.0, "recall@5": 0.0}
+    if trajectory.complete:
+        ranked = rank_passages(build_graph(graph_docs(episode, trajectory.turns)), episode.question,
+                               _embedder(o.embedding_model), o.top_triples).passage_ids
+        recall = {f"recall@{k}": recall_at_k(ranked, episode.supporting_ids, k) for k in (2, 5)}
+    return {**recall, "reward": s.reward, "valid": float(trajectory.complete),
+            "triples": float(len(trajectory.triples())), "repetition": s.components.get("repetition", 0.0)}
+
+
+def files(recipe) -> dict[str, str]:
+    # The gold SFT targets are read by the sft_data job: a workflow input, so a rebuilt world re-runs it.
+    return {"gold_triples": recipe.options.gold_triples} if recipe.options.gold_triples else {}
 
 
 def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     import pyarrow.parquet as pq
     import transformers
 
-    from ragrl.kg.constructor import ChatFrame, gold_transcript, gold_triples_by_passage
+    from ragrl.kg.constructor import ChatFrame, Episode, gold_transcript, gold_triples_by_passage
     from ragrl.train.sft_data import SFTDataStats, read_qa_rows, write_sft_data
 
     options: GraphConstructorOptions = recipe.options
@@ -150,7 +224,11 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     frame = ChatFrame(transformers.AutoTokenizer.from_pretrained(policy))
     stats = SFTDataStats("gold")
     rows = []
-    for episode in env.episodes(read_qa_rows(qa, limit)):
+    episodes = env.episodes(read_qa_rows(qa, limit))
+    if options.sft_unit == "document":
+        distinct = {d.id: d for e in episodes for d in e.documents}
+        episodes = [Episode(d.id, "", (), (), (d,)) for d in distinct.values()]
+    for episode in episodes:
         stats.total += 1
         row = gold_transcript(episode, gold, frame)
         empty = any(not gold.get(d.id) for d in episode.documents)
@@ -177,4 +255,12 @@ METHOD = Method(
     gold_sft=gold_sft,
     # Gold triples are keyed by the world's passage ids: only its QA splits name them.
     gold_sft_reason=world_gold_reason,
+    engine=make_engine,
+    row_columns=("supporting_ids",),
+    eval_metrics=eval_metrics,
+    eval_metric_columns=EVAL_COLUMNS,
+    files=files,
+    # Its task (triples from documents) is not the QA baselines': the untrained policy gets its own row.
+    own_baseline=True,
+    oracle_row=False,
 )

@@ -47,3 +47,32 @@ class OracleRetriever:
                   for k, p in enumerate(self.passages[i] for i in ids)]
         scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
         return [Hit(str(p["id"]), str(p["title"]), str(p["text"]), float(score)) for score, _, p in scored[:topk]]
+
+
+class RankingRetriever:
+    """`search_for(queries, topk, sample_ids)`: each question's passages as a ranking file orders
+    them (`ranking.parquet`: id, passage_ids best first), whatever the query: a reader given a
+    fixed retriever's top passages (AutoGraph-R1's graph-RAG benchmark: the PPR ranking over a
+    constructed KG, `ragrl.stages.graph_rag`)."""
+
+    def __init__(self, passages: str | Path, ranking: str | Path) -> None:
+        rows = read_columns(ranking, ["id", "passage_ids"]).to_pylist()
+        self.ranked = {str(r["id"]): [str(i) for i in (r["passage_ids"] or [])] for r in rows}
+        wanted = {i for ids in self.ranked.values() for i in ids}
+        table = read_columns(passages, ["id", "title", "text"]).to_pylist()
+        self.passages = {str(p["id"]): p for p in table if str(p["id"]) in wanted}
+        missing = sorted(wanted - set(self.passages))
+        if missing:
+            raise ValueError(f"{ranking}: passage id(s) {', '.join(missing[:5])} not in {passages}")
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
+        raise ValueError("a ranking retriever answers a query from its question's ranking, so it needs the "
+                         "question of each query (search_for with sample ids)")
+
+    def search_for(self, queries: Sequence[str], topk: int, sample_ids: Sequence[str | None]) -> list[list[Hit]]:
+        out = []
+        for _, sid in zip(queries, sample_ids, strict=True):
+            ids = self.ranked.get(str(sid), []) if sid is not None else []
+            out.append([Hit(i, str(self.passages[i]["title"]), str(self.passages[i]["text"]), float(-k))
+                        for k, i in enumerate(ids[:topk])])
+        return out

@@ -19,13 +19,21 @@ from ragrl.serving import ServerSpec, resolve_endpoint
 
 def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: str | None = None,
                   passages: Path | None = None, gpu: bool = False, kg: Path | None = None, kg_mode: str = "whole",
-                  kg_url: str | None = None, oracle_qa: Path | None = None) -> dict[str, Any]:
+                  kg_url: str | None = None, oracle_qa: Path | None = None,
+                  ranking: Path | None = None) -> dict[str, Any]:
     """What the CLI flags name, by input kind: a passage retriever (`retriever`), a knowledge graph (`graph`).
 
     `oracle_qa`: the retriever is replaced by oracle retrieval, each query answered with its
-    question's supporting passages from `passages` (the upper-bound row of a table)."""
+    question's supporting passages from `passages` (the upper-bound row of a table). `ranking`: each
+    question's passages as a ranking file orders them (a graph retriever's, ragrl.stages.graph_rag)."""
     backends: dict[str, Any] = {}
-    if oracle_qa is not None:
+    if ranking is not None:
+        from ragrl.retrieval.oracle import RankingRetriever
+
+        if passages is None:
+            raise ValueError("a ranking retriever needs --passages (the corpus the ranked ids point into)")
+        backends["retriever"] = RankingRetriever(passages, ranking)
+    elif oracle_qa is not None:
         from ragrl.retrieval.oracle import OracleRetriever
 
         if passages is None:
@@ -133,7 +141,8 @@ def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any],
     return run_eval(model, qa, environment(recipe, backends), out_dir, run_id=run_id, dataset=dataset,
                     rollout_cfg=cfg, batch_size=batch_size, max_questions=max_questions,
                     extra_metrics=extra, extra_columns=method.eval_metric_columns, group_of=group,
-                    generator=generator, tokenizer=tokenizer)
+                    generator=generator, tokenizer=tokenizer, make_engine=method.make_engine,
+                    row_columns=method.row_columns)
 
 
 def evaluate_run(recipe: Recipe, model: Path, datasets: Sequence[tuple[str, Path, Mapping[str, Any]]],

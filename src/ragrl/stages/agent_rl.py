@@ -13,17 +13,14 @@ from ragrl.recipe import Recipe, rl_config
 
 
 def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], group_size: int, model, step: int):
-    """`group_size` trajectories per prompt with the current policy (prompt-major order)."""
+    """`group_size` trajectories per prompt with the current policy (prompt-major order), on the
+    method's episode engine."""
     from ragrl.agent.generation import HFGenerator
-    from ragrl.agent.rollout import RolloutEngine
 
     generator = HFGenerator(model, tokenizer.pad_token_id, tokenizer)
-    engine = RolloutEngine(generator, tokenizer, env, dataclasses.replace(recipe.rollout, n=group_size))
+    engine = recipe.method.make_engine(generator, tokenizer, env, dataclasses.replace(recipe.rollout, n=group_size))
     # A distinct, reproducible seed per step: the same step re-run after a resume samples the same.
-    # Question ids reach environments that answer per question (KG subgraph mode).
-    return engine.run_questions([p["question"] for p in batch_prompts], n=group_size,
-                                seed=recipe.seed * 100_003 + step,
-                                sample_ids=[str(p["id"]) for p in batch_prompts])
+    return engine.run_rows(batch_prompts, n=group_size, seed=recipe.seed * 100_003 + step)
 
 
 def make_rollout_fn(recipe: Recipe, tokenizer, env):
@@ -41,7 +38,7 @@ def make_rollout_fn(recipe: Recipe, tokenizer, env):
                 prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
                 loss_mask=list(traj.loss_mask), turn_index=list(traj.turn_index),
                 reward=float(s.reward), group=traj.prompt_index, turn_rewards=s.turn_rewards,
-                stats={"searches": traj.num_searches, "response_length": len(traj.response_ids),
+                stats={"searches": getattr(traj, "num_searches", 0), "response_length": len(traj.response_ids),
                        **{f"reward_{k}": float(v) for k, v in s.components.items()}},
             ))
         return samples
@@ -62,7 +59,8 @@ def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, l
     # Everything that can be wrong with the settings or the data fails here, before the work dir
     # (a previous training's checkpoints) is touched.
     cfg = rl_config(recipe)
-    table = read_columns(qa, ["id", "question", "golden_answers"], optional=("metadata",)).to_pylist()
+    table = read_columns(qa, ["id", "question", "golden_answers"],
+                         optional=("metadata", *recipe.method.row_columns)).to_pylist()
     prompts = table[:limit] if limit else table
     prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "limit": limit, **(fingerprint or {})},
                      {"policy": policy, "qa": qa, **(inputs or {})})
