@@ -42,7 +42,7 @@ def test_autograph_dag_builds_graphs_ranks_passages_and_reads_them(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     jobs = _jobs_run(proc.stdout + proc.stderr)
     assert {w for r, w in jobs if r == "construct_kg"} == {"constructor=base", "constructor=sft", "constructor=rl"}
-    assert {w for r, w in jobs if r == "graph_rank"} == {f"dataset=world_test, graph={g}" for g in
+    assert {w for r, w in jobs if r == "graph_rank"} == {f"graph={g}, dataset=world_test" for g in
                                                           ("base", "sft", "rl", "gold")}
     # The RL constructor's KG is what the KG-R1 agent queries on the built dataset.
     assert "results/kg_built/rl" in (tmp_path / "logs/eval/kg_r1_rl.log").read_text()
