@@ -30,6 +30,7 @@ def _learning_config() -> dict:
     cfg["retrieval"].update(indexes={"flat": "Flat"}, hybrid=False)
     cfg["evaluation"].update(max_questions=100, batch_size=25, baselines=False, oracle=False)
     cfg["results"]["tables"] = []
+    cfg["construct_kg"] = None  # its constructors are autograph_r1's runs, not configured here
     return cfg
 
 
