@@ -566,18 +566,23 @@ def run_env_args(wildcards, input):
     for dataset in datasets:
         env = {k: input[f"{dataset}__{k}"] for k in env_inputs(settings, run["recipe"], dataset)}
         flags += ["--dataset", dataset, "--qa", input[f"{dataset}__qa"], *env_flags(env, settings, dataset, ("graph",))]
+    if run["stage"] == "graph":  # every search answered from the graph's ranking, not the index
+        return ["--ranking", input["ranking"], "--passages", input["passages"]] + flags
     env = {k: input[f"{datasets[0]}__{k}"] for k in env_inputs(settings, run["recipe"], datasets[0])}
     retriever = env_flags(env, settings, datasets[0], ("retriever",))
     if run["stage"] == "oracle":
         retriever += ["--oracle", "--passages", input["passages"]]
-    if run["stage"] == "graph":
-        retriever = ["--ranking", input["ranking"], "--passages", input["passages"]]
     return retriever + flags
 
 
 def run_model_arg(wildcards, input):
-    model = runs()[wildcards.run]["model"]
-    return policy_param(wildcards, input.model) if model == policy_dir() else input.model[0]
+    return model_param(runs()[wildcards.run]["model"], wildcards, input.model)
+
+
+def model_param(model, wildcards, model_input):
+    """The CLI's model argument for a run's model: the base policy by policy_param, a merged
+    checkpoint by its (input) directory."""
+    return policy_param(wildcards, model_input) if model == policy_dir() else model_input[0]
 
 
 def eval_outputs():
@@ -660,8 +665,7 @@ def constructor_inputs(wildcards):
 def constructor_model(wildcards, input):
     spec = constructor_spec(wildcards)
     if isinstance(spec, dict):
-        model = runs()[spec["run"]]["model"]
-        return policy_param(wildcards, input.model) if model == policy_dir() else input.model[0]
+        return model_param(runs()[spec["run"]]["model"], wildcards, input.model)
     return policy_param(wildcards, input.model) if spec == "policy" else spec
 
 

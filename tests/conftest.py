@@ -12,6 +12,7 @@ the suite while the other worker sits idle.
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,3 +51,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_configure(config: pytest.Config) -> None:
     # xdist registers it too; this keeps a run without xdist (-p no:xdist) free of warnings.
     config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
+
+
+@pytest.fixture
+def chat_server():
+    """A real OpenAI-compatible chat endpoint on 127.0.0.1 whose replies a test scripts:
+    `state.reply(body) -> (status, payload)`; `state.url` ends in /v1, `state.seen` holds the bodies."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from ragrl.http_server import BackgroundServer
+
+    state = SimpleNamespace(seen=[], reply=lambda body: (200, {}))
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        state.seen.append(body)
+        status, payload = state.reply(body)
+        return JSONResponse(payload, status_code=status)
+
+    with BackgroundServer(app) as server:
+        state.url = server.url + "/v1"
+        yield state

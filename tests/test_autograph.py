@@ -4,7 +4,6 @@ networkx), and the rewards, on hand-made outputs and hand-computed graphs."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import networkx as nx
 import numpy as np
@@ -306,28 +305,6 @@ def test_judge_prompt_comes_from_files_and_keeps_braces():
 @pytest.mark.parametrize("text,expected", [("Yes", True), (" yes.", True), ("No", False), ("", False), (None, False)])
 def test_read_verdict(text, expected):
     assert read_verdict(text) is expected
-
-
-@pytest.fixture
-def chat_server():
-    """A real OpenAI-compatible chat endpoint on 127.0.0.1 whose replies a test scripts."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
-
-    from ragrl.http_server import BackgroundServer
-
-    state = SimpleNamespace(seen=[], reply=lambda body: (200, {}))
-    app = FastAPI()
-
-    @app.post("/v1/chat/completions")
-    async def chat(body: dict):
-        state.seen.append(body)
-        status, payload = state.reply(body)
-        return JSONResponse(payload, status_code=status)
-
-    with BackgroundServer(app) as server:
-        state.url = server.url + "/v1"
-        yield state
 
 
 def test_openai_judge_over_http(chat_server):

@@ -304,7 +304,7 @@ def _carrier_recipe(t, **options):
                                      **options}}, "ag")
 
 
-def test_engine_hook_drives_constructor_episodes_for_rl_and_evaluation(tiny):
+def test_engine_hook_drives_constructor_episodes_for_rl_and_evaluation(tiny, monkeypatch):
     """The generic stages call `method.make_engine(...).run_rows(rows, n, seed)`; the constructor's
     engine turns QA rows into episodes, and each trajectory carries its episode for the reward."""
     from ragrl.stages.agent_rl import make_rollout_fn
@@ -322,20 +322,21 @@ def test_engine_hook_drives_constructor_episodes_for_rl_and_evaluation(tiny):
     metrics = method.eval_metrics(recipe, tiny.qa[0], trajs[0])
     assert set(metrics) == set(method.eval_metric_columns) and metrics["valid"] == 1.0
     assert metrics["triples"] == float(len(trajs[0].triples())) > 0
+    # R_I: the evaluation shares one PPR ranking between recall@k and the reward; the reward is
+    # what the training's own score gives (recall@5 of the gold graph, minus repetition).
+    index = parse_recipe({"env": "graph_constructor", "options": {"reward": "index"}}, "ag")
+    scored = method.eval_metrics(index, tiny.qa[0], trajs[0])
+    assert scored["reward"] == method.score(index, trajs[0], tiny.qa[0]).reward
+    assert scored["reward"] == pytest.approx(scored["recall@5"] - scored["repetition"])
 
     # The RL stage's rollout function, with the engine swapped in by the method, scores every
     # sample: the gold graph links each answer to the question's entity (connectivity judge: yes).
     class Model:  # HFGenerator wraps it; the scripted engine never calls it
         pass
 
-    import ragrl.agent.generation as generation
-
-    real = generation.HFGenerator
-    generation.HFGenerator = lambda model, pad, tok: ScriptedGenerator(tiny.tok, _gold_script(tiny))
-    try:
-        samples = make_rollout_fn(recipe, tiny.tok, env)(tiny.qa[:2], 2, Model(), 1)
-    finally:
-        generation.HFGenerator = real
+    monkeypatch.setattr("ragrl.agent.generation.HFGenerator",
+                        lambda model, pad, tok: ScriptedGenerator(tiny.tok, _gold_script(tiny)))
+    samples = make_rollout_fn(recipe, tiny.tok, env)(tiny.qa[:2], 2, Model(), 1)
     assert len(samples) == 4 and [s.group for s in samples] == [0, 0, 1, 1]
     assert all(s.stats["reward_valid"] == 1.0 for s in samples)
     assert all(len(s.loss_mask) == len(s.response_ids) for s in samples)

@@ -4,11 +4,9 @@ corrupted graphs, the agreement it reports, and a whole run against a fake judge
 
 from __future__ import annotations
 
-import http.server
 import importlib.util
 import json
 import sys
-import threading
 
 import pytest
 
@@ -112,43 +110,27 @@ def test_verdict_word(reply, word):
     assert ja.verdict_word(reply) == word
 
 
-class _FakeJudge(http.server.BaseHTTPRequestHandler):
+def _fake_judge(body: dict):
     """Says Yes when the context holds a triple, else No: the connectivity judge's answer on
     these items except q4's gold (answer present, not connected)."""
-
-    def do_POST(self):  # noqa: N802
-        if self.path != "/v1/chat/completions":
-            self.send_error(404)
-            return
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        user = body["messages"][-1]["content"]
-        reply = "No" if "No relevant triples found." in user or "Carpania" in user and "Beta" not in user else "Yes"
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+    user = body["messages"][-1]["content"]
+    reply = "No" if "No relevant triples found." in user or "Carpania" in user and "Beta" not in user else "Yes"
+    return 200, {"choices": [{"message": {"role": "assistant", "content": reply}}]}
 
 
-def test_a_run_against_a_served_judge_writes_the_result(tmp_path):
+def test_a_run_against_a_served_judge_writes_the_result(tmp_path, chat_server):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     for name, rows in (("qa", ROWS), ("passages", PASSAGES), ("kg", KG)):
         pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeJudge)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        rc = ja.main(["--qa", str(tmp_path / "qa.parquet"), "--passages", str(tmp_path / "passages.parquet"),
-                      "--kg", str(tmp_path / "kg.parquet"), "--out", str(tmp_path / "out"),
-                      "--base-url", f"http://127.0.0.1:{server.server_address[1]}", "--served-name", "fake"])
-    finally:
-        server.shutdown()
+    chat_server.reply = _fake_judge
+    # Given without /v1 (as vLLM's root URL): the script adds it; the endpoint serves only /v1/...
+    rc = ja.main(["--qa", str(tmp_path / "qa.parquet"), "--passages", str(tmp_path / "passages.parquet"),
+                  "--kg", str(tmp_path / "kg.parquet"), "--out", str(tmp_path / "out"),
+                  "--base-url", chat_server.url.removesuffix("/v1"), "--served-name", "fake"])
     assert rc == 0
+    assert {b["model"] for b in chat_server.seen} == {"fake"}
     result = json.loads((tmp_path / "out/agreement.json").read_text())
     items = [json.loads(line) for line in (tmp_path / "out/items.jsonl").read_text().splitlines()]
     assert len(items) == result["items"] == len(_cases())

@@ -107,10 +107,11 @@ def run_predictions(engine, rows: Sequence[dict], batch_size: int, desc: str = "
     from ragrl.progress import progress
 
     out: list[dict] = []
+    # A method's own engine may write its own prediction fields (ragrl.methods.Method.engine).
+    own_record = getattr(engine, "record", None)
     batches = [rows[i : i + batch_size] for i in range(0, len(rows), batch_size)]
     for batch in progress(batches, desc=desc, unit="batch"):
         trajs = engine.run_rows(batch, n=1)
-        own_record = getattr(engine, "record", None)
         for row, t in zip(batch, trajs, strict=True):
             record = own_record(row, t) if own_record else prediction_record(row, t, engine.env.spec.tools)
             if extra_metrics is not None:

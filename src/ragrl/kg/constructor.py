@@ -30,6 +30,7 @@ from ragrl.kg.text_graph import (
     SUBGRAPH_HOPS,
     TOP_TRIPLES,
     Embedder,
+    PassageRanking,
     build_graph,
     rank_passages,
     seed_entities,
@@ -215,13 +216,22 @@ def _finish(task: float, triples: list[Triple], complete: bool, limit: float, re
                                "triples": float(len(triples))}, reason if complete else "invalid or unfinished episode")
 
 
+def episode_ranking(episode: Episode, turns: Sequence[ParsedTurn], embed: Embedder,
+                    top_triples: int = TOP_TRIPLES) -> PassageRanking:
+    """The PPR retriever's ranking of the episode's documents over the graph of its triples."""
+    return rank_passages(build_graph(graph_docs(episode, turns)), episode.question, embed, top_triples)
+
+
 def index_score(episode: Episode, turns: Sequence[ParsedTurn], complete: bool, embed: Embedder, *,
-                k: int = RECALL_K, top_triples: int = TOP_TRIPLES, limit: float = REPETITION_LIMIT) -> GraphScore:
-    """R_I: recall of the supporting passages in the PPR retriever's top k, minus repetition."""
+                k: int = RECALL_K, top_triples: int = TOP_TRIPLES, limit: float = REPETITION_LIMIT,
+                ranking: PassageRanking | None = None) -> GraphScore:
+    """R_I: recall of the supporting passages in the PPR retriever's top k, minus repetition.
+    `ranking`: the episode's `episode_ranking`, when the caller has it already."""
     triples = [t for turn in turns for t in turn.triples]
     if not complete:
         return _finish(0.0, triples, False, limit, None)
-    ranking = rank_passages(build_graph(graph_docs(episode, turns)), episode.question, embed, top_triples)
+    if ranking is None:
+        ranking = episode_ranking(episode, turns, embed, top_triples)
     return _finish(recall_at_k(ranking.passage_ids, episode.supporting_ids, k), triples, True, limit, ranking.reason)
 
 
@@ -307,4 +317,5 @@ def gold_triples_by_passage(rows: Sequence[dict]) -> dict[str, list[Triple]]:
 
 __all__ = ["ChatFrame", "ConstructorRollout", "ConstructorTrajectory", "Document", "Episode", "GraphScore",
            "REWARD_MODES", "carrier_items", "carrier_scores", "constructor_system_prompt", "document_message",
+           "episode_ranking",
            "episodes_from_world", "gold_transcript", "gold_triples_by_passage", "graph_docs", "index_score"]

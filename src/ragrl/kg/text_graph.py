@@ -252,21 +252,30 @@ class GraphRetriever:
         else:
             query = np.asarray(self.embed([question]), dtype=np.float64)[0]
         scores = self._vectors @ query
-        top = top_indices(scores, self.top_triples)
-        weights = np.zeros(graph.n_nodes)
-        counts = np.zeros(graph.n_nodes)
-        for t in top:
-            for node in {int(graph.heads[t]), int(graph.tails[t])}:
-                weights[node] += max(float(scores[t]), 0.0)
-                counts[node] += 1
-        reset = np.divide(weights, counts, out=np.zeros_like(weights), where=counts > 0)
-        if reset.sum() <= 0:  # every top triple scored <= 0: still walk from its nodes, uniformly
-            reset = (counts > 0).astype(np.float64)
-        rank = personalized_pagerank(self._adj, reset, self.alpha)
-        e = len(graph.entities)
-        mass = rank[e:]
-        order = [int(i) for i in np.lexsort((np.arange(mass.size), -mass)) if mass[i] > 0]
-        return PassageRanking(tuple(graph.passages[i] for i in order), tuple(float(mass[i]) for i in order))
+        reset = reset_vector(graph, scores, top_indices(scores, self.top_triples))
+        return passage_ranking(graph, personalized_pagerank(self._adj, reset, self.alpha))
+
+
+def reset_vector(graph: TextGraph, scores: np.ndarray, top: Sequence[int]) -> np.ndarray:
+    """HippoRAG 2's personalisation: each head/tail node of the top triples gets the mean score
+    (negative as 0) of the top triples naming it; uniform over those nodes if all scored <= 0."""
+    weights = np.zeros(graph.n_nodes)
+    counts = np.zeros(graph.n_nodes)
+    for t in top:
+        for node in {int(graph.heads[t]), int(graph.tails[t])}:
+            weights[node] += max(float(scores[t]), 0.0)
+            counts[node] += 1
+    reset = np.divide(weights, counts, out=np.zeros_like(weights), where=counts > 0)
+    if reset.sum() <= 0:  # every top triple scored <= 0: still walk from its nodes, uniformly
+        reset = (counts > 0).astype(np.float64)
+    return reset
+
+
+def passage_ranking(graph: TextGraph, rank: np.ndarray) -> PassageRanking:
+    """Passages by PageRank mass, best first (ties by node order); unreached passages left out."""
+    mass = rank[len(graph.entities):]
+    order = [int(i) for i in np.lexsort((np.arange(mass.size), -mass)) if mass[i] > 0]
+    return PassageRanking(tuple(graph.passages[i] for i in order), tuple(float(mass[i]) for i in order))
 
 
 def _empty(reason: str) -> PassageRanking:
@@ -275,5 +284,6 @@ def _empty(reason: str) -> PassageRanking:
 
 
 __all__ = ["Embedder", "GraphRetriever", "PPR_DAMPING", "PassageRanking", "SUBGRAPH_HOPS", "TOP_TRIPLES", "TextGraph", "build_graph",
-           "name_key", "name_matches", "personalized_pagerank", "ppr_matrix", "rank_passages", "seed_entities",
+           "name_key", "name_matches", "passage_ranking", "personalized_pagerank", "ppr_matrix", "rank_passages",
+           "reset_vector", "seed_entities",
            "subgraph_triples", "top_indices"]

@@ -102,7 +102,8 @@ class ConstructorEnvironment:
                                  for hits in self.retriever.search(qs, k)])
         return episodes_from_world(qa_rows, passages, negatives=negatives, search=search if negatives else None)
 
-    def score(self, episode, trajectory) -> Score:
+    def score(self, episode, trajectory, ranking=None) -> Score:
+        """`ranking`: the episode's PPR ranking (R_I), when the caller computed it already."""
         from ragrl.kg.constructor import carrier_scores, index_score
 
         if episode is None:
@@ -110,7 +111,7 @@ class ConstructorEnvironment:
         o = self.options
         if o.reward == "index":
             s = index_score(episode, trajectory.turns, trajectory.complete, _embedder(o.embedding_model),
-                            k=o.recall_k, top_triples=o.top_triples, limit=o.repetition_limit)
+                            k=o.recall_k, top_triples=o.top_triples, limit=o.repetition_limit, ranking=ranking)
         else:
             s = carrier_scores([episode], [(0, trajectory.turns, trajectory.complete)], _judge(o), None, hops=o.hops,
                                limit=o.repetition_limit)[0]
@@ -177,10 +178,6 @@ class ConstructorEngine:
                 "response": "\n".join(t.texts), "question_type": question_type(dict(row))}
 
 
-def make_engine(generator, tokenizer, env, cfg) -> ConstructorEngine:
-    return ConstructorEngine(generator, tokenizer, env, cfg)
-
-
 EVAL_COLUMNS = ("recall@2", "recall@5", "reward", "valid", "triples", "repetition")
 
 
@@ -188,18 +185,16 @@ def eval_metrics(recipe, row: Mapping[str, Any], trajectory) -> dict:
     """Per episode: the PPR retriever's recall@2/@5 of the supporting passages over the graph the
     constructor built from the episode's documents (0 for an invalid episode, as in training),
     the training reward, validity, triple count and repetition share."""
-    from ragrl.kg.constructor import graph_docs
-    from ragrl.kg.text_graph import build_graph, rank_passages
+    from ragrl.kg.constructor import episode_ranking
     from ragrl.rewards.autograph import recall_at_k
 
     o: GraphConstructorOptions = recipe.options
-    episode = trajectory.episode
-    s = score(recipe, trajectory, row)
+    episode, ranking = trajectory.episode, None
     recall = {"recall@2": 0.0, "recall@5": 0.0}
     if trajectory.complete:
-        ranked = rank_passages(build_graph(graph_docs(episode, trajectory.turns)), episode.question,
-                               _embedder(o.embedding_model), o.top_triples).passage_ids
-        recall = {f"recall@{k}": recall_at_k(ranked, episode.supporting_ids, k) for k in (2, 5)}
+        ranking = episode_ranking(episode, trajectory.turns, _embedder(o.embedding_model), o.top_triples)
+        recall = {f"recall@{k}": recall_at_k(ranking.passage_ids, episode.supporting_ids, k) for k in (2, 5)}
+    s = ConstructorEnvironment(o).score(episode, trajectory, ranking)
     return {**recall, "reward": s.reward, "valid": float(trajectory.complete),
             "triples": float(len(trajectory.triples())), "repetition": s.components.get("repetition", 0.0)}
 
@@ -255,7 +250,7 @@ METHOD = Method(
     gold_sft=gold_sft,
     # Gold triples are keyed by the world's passage ids: only its QA splits name them.
     gold_sft_reason=world_gold_reason,
-    engine=make_engine,
+    engine=ConstructorEngine,
     row_columns=("supporting_ids",),
     eval_metrics=eval_metrics,
     eval_metric_columns=EVAL_COLUMNS,

@@ -22,14 +22,8 @@ class OracleRetriever:
     """`search_for(queries, topk, sample_ids)`: the supporting passages of each query's question."""
 
     def __init__(self, passages: str | Path, qa: str | Path) -> None:
-        rows = read_columns(qa, ["id", "supporting_ids"]).to_pylist()
-        self.supporting = {str(r["id"]): [str(i) for i in (r["supporting_ids"] or [])] for r in rows}
-        wanted = {i for ids in self.supporting.values() for i in ids}
-        table = read_columns(passages, ["id", "title", "text"]).to_pylist()
-        self.passages = {str(p["id"]): p for p in table if str(p["id"]) in wanted}
-        missing = sorted(wanted - set(self.passages))
-        if missing:
-            raise ValueError(f"{qa}: supporting passage id(s) {', '.join(missing[:5])} not in {passages}")
+        self.supporting = _ids_by_question(qa, "supporting_ids")
+        self.passages = _passages_named(passages, self.supporting, f"{qa}: supporting passage")
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         raise ValueError("oracle retrieval answers a query from its question's supporting passages, so it "
@@ -56,14 +50,8 @@ class RankingRetriever:
     constructed KG, `ragrl.stages.graph_rag`)."""
 
     def __init__(self, passages: str | Path, ranking: str | Path) -> None:
-        rows = read_columns(ranking, ["id", "passage_ids"]).to_pylist()
-        self.ranked = {str(r["id"]): [str(i) for i in (r["passage_ids"] or [])] for r in rows}
-        wanted = {i for ids in self.ranked.values() for i in ids}
-        table = read_columns(passages, ["id", "title", "text"]).to_pylist()
-        self.passages = {str(p["id"]): p for p in table if str(p["id"]) in wanted}
-        missing = sorted(wanted - set(self.passages))
-        if missing:
-            raise ValueError(f"{ranking}: passage id(s) {', '.join(missing[:5])} not in {passages}")
+        self.ranked = _ids_by_question(ranking, "passage_ids")
+        self.passages = _passages_named(passages, self.ranked, f"{ranking}: passage")
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         raise ValueError("a ranking retriever answers a query from its question's ranking, so it needs the "
@@ -76,3 +64,19 @@ class RankingRetriever:
             out.append([Hit(i, str(self.passages[i]["title"]), str(self.passages[i]["text"]), float(-k))
                         for k, i in enumerate(ids[:topk])])
         return out
+
+
+def _ids_by_question(path: str | Path, column: str) -> dict[str, list[str]]:
+    """question id -> the passage ids a file's `column` lists for it, in order."""
+    return {str(r["id"]): [str(i) for i in (r[column] or [])] for r in read_columns(path, ["id", column]).to_pylist()}
+
+
+def _passages_named(passages: str | Path, ids_by_question: dict[str, list[str]], what: str) -> dict[str, dict]:
+    """The passages (id, title, text) the lists name; an id not in `passages` is an error."""
+    wanted = {i for ids in ids_by_question.values() for i in ids}
+    table = read_columns(passages, ["id", "title", "text"]).to_pylist()
+    found = {str(p["id"]): p for p in table if str(p["id"]) in wanted}
+    missing = sorted(wanted - set(found))
+    if missing:
+        raise ValueError(f"{what} id(s) {', '.join(missing[:5])} not in {passages}")
+    return found
