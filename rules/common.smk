@@ -20,7 +20,7 @@ from ragrl.config import config_errors, drop_null_entries  # noqa: E402
 from ragrl.methods import get_method  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
 from ragrl.recipe import HARR_RUNS, harr_generator_spec, parse_harr, parse_recipe  # noqa: E402
-from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, world_files  # noqa: E402
+from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, safe_name, world_files  # noqa: E402
 from ragrl.retrieval.factory import factory_error  # noqa: E402
 
 
@@ -104,6 +104,7 @@ def _check_references():
             errors.append(f"config key 'retrieval.indexes.{name}': '{name}' is reserved for the sparse/hybrid retrievers")
     if retrieval["hybrid"] and not (retrieval["bm25"] and retrieval["indexes"]):
         errors.append("config key 'retrieval.hybrid': needs retrieval.bm25 and at least one dense index")
+    errors += _mixed_input_errors()
     for name, spec in config["datasets"].items():
         if "kg" in spec and spec["kg"] not in config["kgs"]:
             errors.append(f"config key 'datasets.{name}.kg': '{spec['kg']}' is not a key of kgs {sorted(config['kgs'])}")
@@ -126,6 +127,23 @@ def _check_references():
     errors += _construct_kg_errors()
     if errors:
         raise WorkflowError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _mixed_input_errors():
+    """A list of formats pairs with the files by position (a mixed corpus or QA set)."""
+    errors = []
+    for section, files in (("corpora", "inputs"), ("datasets", "path")):
+        for name, spec in config[section].items():
+            fmt, paths = spec["format"], spec[files]
+            if isinstance(fmt, list) and not isinstance(paths, list):
+                errors.append(f"config key '{section}.{name}.{files}': a list of formats needs a list of files, one each")
+            elif isinstance(fmt, list) and len(fmt) != len(paths):
+                errors.append(f"config key '{section}.{name}.format': {len(fmt)} formats for {len(paths)} "
+                              f"{files} (one each, in order)")
+            elif section == "datasets" and isinstance(paths, list) and "parquet" in ([fmt] if isinstance(fmt, str) else fmt):
+                errors.append(f"config key 'datasets.{name}.format': a QA parquet is used in place and cannot be "
+                              "mixed with other files; mix files in the public formats")
+    return errors
 
 
 def _construct_kg_errors():
@@ -629,7 +647,7 @@ def all_outputs():
     if eval_outputs() or harr_eval_outputs():
         outputs.append(f"{RESULTS}/ragrl.duckdb")
         outputs += [f"{RESULTS}/tables/{name}.md" for name in table_names()]
-        outputs += [f"{RESULTS}/plots/metrics_{m}.png" for m in config["results"]["plot_metrics"]]
+        outputs += [f"{RESULTS}/plots/metrics_{safe_name(m)}.png" for m in config["results"]["plot_metrics"]]
     return outputs
 
 

@@ -65,7 +65,7 @@ rule results_plots:
     output:
         report(
             [f"{RESULTS}/plots/{r}_rl_training.png" for r in config["recipes"]]
-            + [f"{RESULTS}/plots/metrics_{m}.png" for m in config["results"]["plot_metrics"]],
+            + [f"{RESULTS}/plots/metrics_{safe_name(m)}.png" for m in config["results"]["plot_metrics"]],
             category="Plots",
         ),
     params:

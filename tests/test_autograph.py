@@ -331,3 +331,95 @@ def test_openai_judge_failures_raise(chat_server, status, payload, needle):
     with pytest.raises(JudgeError, match=needle):
         judge.judge([JudgeItem("q", ("a",), ())])
     judge.close()
+
+
+# --------------------------------------------------------------------------- endpoints in options
+
+
+def test_endpoint_entries_are_checked_and_resolved():
+    from ragrl.methods.graph_constructor import GraphConstructorOptions
+    from ragrl.serving import endpoint_url, registered_endpoint
+
+    with pytest.raises(ValueError, match="judge openai needs judge_endpoint"):
+        GraphConstructorOptions(reward="carrier", judge="openai")
+    with pytest.raises(ValueError, match="embedding_endpoint.port: unknown setting"):
+        GraphConstructorOptions(embedding_endpoint={"model": "m", "port": 8128})
+    with pytest.raises(ValueError, match="judge_endpoint.model: the model the endpoint serves is required"):
+        GraphConstructorOptions(judge="openai", judge_endpoint={"serve": True})
+    with pytest.raises(ValueError, match="exclude each other"):
+        GraphConstructorOptions(judge="openai", judge_endpoint={"model": "m", "base_url": "http://x", "serve": True})
+    external = {"model": "m", "base_url": "http://judge:8129/v1"}
+    assert endpoint_url(external) == ("http://judge:8129/v1", "m")
+    served = {"model": "Qwen/Qwen2.5-7B-Instruct", "serve": {"served_name": "judge"}}
+    with pytest.raises(RuntimeError, match="no server is running for endpoint model 'judge'"):
+        endpoint_url(served)
+    with registered_endpoint("judge", "http://127.0.0.1:4242"):
+        assert endpoint_url(served) == ("http://127.0.0.1:4242", "judge")
+    with pytest.raises(RuntimeError):
+        endpoint_url(served)
+
+
+def test_judge_endpoint_reaches_the_judge_over_http(chat_server):
+    # The R_C score with judge "openai": the hook resolves the entry and the judge asks the server.
+    from ragrl.kg.constructor import Document, Episode
+    from ragrl.kg.extraction import parse_triples
+    from ragrl.methods.graph_constructor import ConstructorEnvironment, GraphConstructorOptions
+    from ragrl.serving import registered_endpoint
+
+    chat_server.reply = lambda body: (200, {"choices": [{"message": {"role": "assistant", "content": "Yes"}}]})
+    options = GraphConstructorOptions(reward="carrier", judge="openai",
+                                      judge_endpoint={"model": "Qwen/Qwen2.5-7B-Instruct", "serve": True})
+    ep = Episode("q1", "Which company employs Ann Vole?", ("Brindle Co",), ("p1",), (Document("p1", "Ann Vole", "x"),))
+
+    class Traj:
+        turns = [parse_triples(arr(("Ann Vole", "employer", "Brindle Co")))]
+        complete = True
+
+    with registered_endpoint("Qwen/Qwen2.5-7B-Instruct", chat_server.url.removesuffix("/v1")):
+        score = ConstructorEnvironment(options).score(ep, Traj())
+    assert score.reward == 1.0
+    assert [b["model"] for b in chat_server.seen] == ["Qwen/Qwen2.5-7B-Instruct"]
+
+
+def _embeddings_transport(handler):
+    import httpx
+
+    return httpx.MockTransport(lambda request: handler(json.loads(request.content)))
+
+
+def test_endpoint_encoder_orders_by_index_normalises_and_batches():
+    import httpx
+
+    from ragrl.retrieval.endpoint_encoder import EndpointEncoder
+
+    calls = []
+
+    def handler(body):
+        calls.append(body["input"])
+        # Answered out of order, unnormalised: the client restores input order and unit length.
+        data = [{"index": i, "embedding": [float(len(t)), 1.0]} for i, t in enumerate(body["input"])]
+        return httpx.Response(200, json={"data": data[::-1]})
+
+    enc = EndpointEncoder("http://e", "m", batch_size=2, transport=_embeddings_transport(handler))
+    out = enc.encode_queries(["a", "bbb", "cc"])
+    assert calls == [["a", "bbb"], ["cc"]]
+    want = np.array([[1, 1], [3, 1], [2, 1]], dtype=float)
+    np.testing.assert_allclose(out, want / np.linalg.norm(want, axis=1, keepdims=True), rtol=1e-6)
+    assert out.dtype == np.float32
+
+
+@pytest.mark.parametrize("status,payload,needle", [
+    (200, {"data": [{"index": 0, "embedding": [1.0]}]}, "returned 1 embeddings"),  # 2 texts, 1 vector
+    (200, {"object": "list"}, "without data"),
+    (400, {"error": {"message": "model not found"}}, "rejected"),
+    (503, {"error": "loading"}, "unavailable after 1 attempts"),
+])
+def test_endpoint_encoder_failures_raise(status, payload, needle):
+    import httpx
+
+    from ragrl.retrieval.endpoint_encoder import EmbeddingError, EndpointEncoder
+
+    enc = EndpointEncoder("http://e/v1", "m", retries=0,
+                          transport=_embeddings_transport(lambda body: httpx.Response(status, json=payload)))
+    with pytest.raises(EmbeddingError, match=needle):
+        enc.encode_queries(["a", "b"])

@@ -33,10 +33,12 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # The search-agent papers share one shape (corpus, dense index, one recipe); KG-R1, KnowRL (no
 # retrieval: a KB inside the reward) and HARR (no policy trained: the retriever is) have their own tests.
-PAPER = sorted(p for p in (REPO / "config/paper").glob("*.yaml") if p.stem not in ("kg_r1", "harr", "knowrl"))
+PAPER = sorted(p for p in (REPO / "config/paper").glob("*.yaml")
+               if p.stem not in ("kg_r1", "harr", "knowrl", "autograph_r1"))
 KG_PAPER = REPO / "config/paper/kg_r1.yaml"
 HARR_PAPER = REPO / "config/paper/harr.yaml"
 KNOWRL_PAPER = REPO / "config/paper/knowrl.yaml"
+AUTOGRAPH_PAPER = REPO / "config/paper/autograph_r1.yaml"
 DATASETS = ["nq_test", "triviaqa_test", "popqa_test", "hotpotqa_dev", "2wiki_dev", "musique_dev", "bamboogle_test"]
 
 _FAKE_CONDA = """#!/bin/sh
@@ -62,7 +64,9 @@ def _merged(paper: Path) -> dict:
 
 def _source_files(config: dict) -> list[str]:
     files = [f for spec in config["corpora"].values() for f in spec["inputs"]]
-    files += [spec["path"] for spec in config["datasets"].values()]
+    # A mixed QA set lists its files (one per format).
+    files += [f for spec in config["datasets"].values()
+              for f in (spec["path"] if isinstance(spec["path"], list) else [spec["path"]])]
     files += [r["sft"]["import"]["path"] for r in config["recipes"].values() if r["sft"].get("source") == "import"]
     files += [f for spec in config.get("kbs", {}).values() for f in spec["inputs"]]
     return files
@@ -307,3 +311,49 @@ def test_knowrl_paper_config_resolves_sft_rl_and_simpleqa_evaluation(tmp_path):
     _assert_gpu_rules_request_gpus(out, config, counts)
     # The KB is an input of every job whose reward or metrics read it.
     assert re.search(r"(?s)rule rl:.*?input: [^\n]*results/kb/knowrl/knowledge_base.db", out)
+
+
+def test_autograph_r1_paper_config_trains_both_rewards_with_served_models(tmp_path):
+    """AutoGraph-R1: MuSiQue + HotpotQA mixed, no cold start, GRPO with R_I and with R_C, the judge
+    and the reward's embedder served by vLLM servers the jobs start, then a KG from the dev
+    paragraphs per constructor and PPR recall over each."""
+    config = _merged(AUTOGRAPH_PAPER)
+    assert list(config["recipes"]) == ["autograph_r1_index", "autograph_r1_carrier"]
+    _assert_sources_are_user_data(config)
+    assert config["models"]["policy"] == "Qwen/Qwen2.5-3B-Instruct"
+    assert config["datasets"]["musique_hotpotqa_train"]["format"] == ["musique", "hotpotqa"]
+    sys.path.insert(0, str(REPO / "src"))
+    from ragrl.recipe import parse_recipe, rl_config
+
+    index = parse_recipe(copy.deepcopy(config["recipes"]["autograph_r1_index"]), "autograph_r1_index")
+    carrier = parse_recipe(copy.deepcopy(config["recipes"]["autograph_r1_carrier"]), "autograph_r1_carrier")
+    for recipe, batch in ((index, 16), (carrier, 64)):
+        rl = rl_config(recipe)
+        assert (rl.group_size, rl.lr, rl.kl_coef, rl.steps, rl.batch_prompts) == (5, 1e-6, 0.0, 50, batch)
+        assert recipe.options.embedding_endpoint["model"] == "Qwen/Qwen3-Embedding-0.6B"
+        assert "--runner" in recipe.options.embedding_endpoint["serve"]["args"]
+        assert not recipe.sft.get("enabled", True)
+    assert (index.options.reward, index.options.negatives, index.options.recall_k, index.options.top_triples) == \
+        ("index", 15, 5, 10)
+    assert (carrier.options.reward, carrier.options.judge, carrier.options.hops) == ("carrier", "openai", 3)
+    assert carrier.options.judge_endpoint["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    proc, seconds = _dry_run(AUTOGRAPH_PAPER, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert seconds < 60, f"dry run took {seconds:.1f} s"
+    counts = _job_counts(out)
+    # Two corpora (training + dev paragraphs, dev for the corpus KGs); three QA sets; two RL runs;
+    # eval of <recipe>_base and <recipe>_rl per recipe; three corpus KGs (base, index, carrier)
+    # ranked on two datasets.
+    expected = {"corpus": 2, "qa": 3, "rl": 2, "merge_rl": 2, "eval": 4, "construct_kg": 3, "graph_rank": 6,
+                "results_db": 1, "results_tables": 1}
+    for rule, n in expected.items():
+        assert counts.get(rule) == n, f"{rule}: {counts.get(rule)} jobs planned, expected {n}; plan: {counts}"
+    for rule in ("sft", "sft_data", "pretrain", "tiny_model", "kb", "harr_train", "bm25"):
+        assert rule not in counts, counts
+    _assert_gpu_rules_request_gpus(out, config, counts)
+    # One corpus job reads both formats, one QA job mixes both files.
+    assert re.search(r"ragrl corpus --format musique hotpotqa musique hotpotqa --inputs", out), out[-3000:]
+    assert re.search(r"ragrl qa --format musique hotpotqa --input data/musique/\S+ data/hotpotqa/\S+", out)
+    # The RL starts from the instruct model: no cold start.
+    assert re.search(r"python -m ragrl rl .* --policy Qwen/Qwen2.5-3B-Instruct ", out), "rl starts elsewhere"

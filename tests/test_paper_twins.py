@@ -91,5 +91,15 @@ def test_twin_runs_the_whole_dag(twin, tmp_path):
         assert steps.get("harr") == steps.get("harr_no_history") == settings["train"]["steps"], steps
         for name in ("harr_em", "harr_f1"):
             assert "harr_no_history" in (tmp_path / f"results/tables/{name}.md").read_text()
+    construct = paper_cfg.get("construct_kg")
+    if construct:  # a KG from the corpus per constructor, each ranked on every benchmark dataset
+        graphs = [g for g, spec in construct["constructors"].items() if spec]
+        for graph in graphs:
+            assert (tmp_path / f"results/kg_built/{graph}/triples.parquet").is_file(), graph
+            done = {r[0] for r in con.execute("select distinct dataset from evals where run_id = ?",
+                                                [f"graph_{graph}"]).fetchall()}
+            assert set(construct["datasets"]) <= done, (graph, done)
+    for metric in paper_cfg["results"]["plot_metrics"]:  # names with '@' are written as the rule declares
+        assert any((tmp_path / "results/plots").glob(f"metrics_*{metric.split('@')[-1]}.png")), metric
     tables = list((tmp_path / "results/tables").glob("*.md"))
     assert tables, "no table written"

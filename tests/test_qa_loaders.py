@@ -167,3 +167,63 @@ def test_malformed_question_names_place_and_writes_nothing(tmp_path, case):
     assert str(error).startswith(where + (f": field '{field}'" if field else ""))
     assert fragment in str(error)
     assert_nothing_written(out)
+
+
+# --------------------------------------------------------------------------- mixed QA sets and corpora
+# AutoGraph-R1 trains on MuSiQue + HotpotQA: one QA table from both files, one corpus from both
+# files' paragraphs, the supporting ids of either joining that corpus.
+
+
+def test_mixed_qa_holds_both_sets_shuffled_reproducibly():
+    files = [QA / "musique.jsonl", QA / "hotpotqa.json"]
+    mixed = load_qa(["musique", "hotpotqa"], files)
+    alone = {f: load_qa(f, p) for f, p in zip(["musique", "hotpotqa"], files)}
+    ids = mixed.column("id").to_pylist()
+    assert sorted(ids) == sorted(i for t in alone.values() for i in t.column("id").to_pylist())
+    assert mixed.to_pylist() == load_qa(["musique", "hotpotqa"], files).to_pylist()  # same seed, same order
+    # A different seed is a different order of the same questions (4 questions: 24 orders).
+    orders = {tuple(load_qa(["musique", "hotpotqa"], files, seed=s).column("id").to_pylist()) for s in range(6)}
+    assert len(orders) > 1 and all(sorted(o) == sorted(ids) for o in orders)
+    # Each row is the row its own loader gives.
+    by_id = {r["id"]: r for t in alone.values() for r in t.to_pylist()}
+    assert all(r == by_id[r["id"]] for r in mixed.to_pylist())
+
+
+def test_mixed_supporting_ids_join_the_mixed_corpus(tmp_path):
+    from ragrl.corpus import write_passages
+
+    files = [QA / "musique.jsonl", QA / "hotpotqa.json"]
+    out = tmp_path / "passages.parquet"
+    n = write_passages(["musique", "hotpotqa"], files, out)
+    corpus = pq.read_table(out).to_pylist()
+    assert n == len(corpus) == len({p["id"] for p in corpus})
+    # Each passage keeps the format it came from as its source; both formats are present.
+    assert {p["source"] for p in corpus} == {"musique", "hotpotqa"}
+    assert all(p["id"].startswith(p["source"]) for p in corpus)
+    ids = {p["id"] for p in corpus}
+    supporting = [s for r in load_qa(["musique", "hotpotqa"], files).to_pylist() for s in r["supporting_ids"]]
+    assert supporting and set(supporting) <= ids
+
+
+def test_mixed_inputs_must_pair_formats_with_files(tmp_path):
+    from ragrl.corpus import write_passages
+
+    with pytest.raises(ValueError, match="2 QA formats for 1 files"):
+        load_qa(["musique", "hotpotqa"], [QA / "musique.jsonl"])
+    with pytest.raises(ValueError, match="unknown QA format 'musiq'"):
+        load_qa(["musique", "musiq"], [QA / "musique.jsonl", QA / "hotpotqa.json"])
+    with pytest.raises(ValueError, match="1 formats for 2 inputs"):
+        write_passages(["musique"], [QA / "musique.jsonl", QA / "hotpotqa.json"], tmp_path / "p.parquet")
+    assert not (tmp_path / "p.parquet").exists()
+
+
+def test_mixed_qa_rejects_a_question_id_in_both_files(tmp_path):
+    # The same file twice: every id repeats; the error names the second file and the first place.
+    with pytest.raises(DataFormatError, match=r"musique-copy\.jsonl.*duplicate question id '2hop__4101_4102'"):
+        copy = tmp_path / "musique-copy.jsonl"
+        copy.write_text((QA / "musique.jsonl").read_text())
+        load_qa("musique", [QA / "musique.jsonl", copy])
+    out = tmp_path / "qa.parquet"
+    with pytest.raises(DataFormatError):
+        write_qa("musique", [QA / "musique.jsonl", copy], out)
+    assert not out.exists()

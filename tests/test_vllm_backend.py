@@ -27,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -497,3 +498,54 @@ def test_knowrl_paper_backend_over_vllm(server, tmp_path):
     assert grades[0] in GRADES and grades[1] == "incorrect"  # no answer: incorrect without a request
     assert endpoint.requests == 4 + fs.n_facts
     endpoint.close()
+
+
+def test_constructor_reward_embedder_served_by_vllm_matches_in_process(tmp_path, monkeypatch):
+    """AutoGraph-R1's reward embedder as config/paper/autograph_r1.yaml runs it: an
+    `embedding_endpoint` with `serve`, which `served_endpoints` (the RL and evaluation jobs) starts
+    as a real vLLM pooling server on a free loopback port, registers for the method's hooks and
+    stops at the end. Served, MiniLM gives the in-process encoder's vectors and the same R_I reward
+    and PPR ranking on a hand-made episode; afterwards nothing answers and the entry has no URL."""
+    from ragrl.kg.constructor import Document, Episode, episode_ranking, index_score
+    from ragrl.kg.extraction import parse_triples
+    from ragrl.methods import graph_constructor as gc
+    from ragrl.models import resolve_model_path
+    from ragrl.recipe import parse_recipe
+    from ragrl.serving import endpoint_url
+    from ragrl.stages.agent import served_endpoints
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    entry = {"model": str(resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")),
+             "serve": {"python": str(VLLM_PYTHON), "served_name": "minilm", "startup_timeout_s": int(STARTUP_TIMEOUT_S),
+                       "args": ["--runner", "pooling", "--max-model-len", "256"]}}
+    served = parse_recipe({"env": "graph_constructor", "options": {"embedding_endpoint": entry}}, "ag")
+    local = parse_recipe({"env": "graph_constructor"}, "ag")
+    docs = (Document("p1", "Ann Vole", "Ann Vole works for Brindle Co."), Document("p2", "Kest", "Kest lies in Orra."),
+            Document("p3", "Orra", "Orra's capital is Kest."))
+    ep = Episode("q1", "Which company employs Ann Vole?", ("Brindle Co",), ("p1",), docs)
+    turns = [parse_triples('[{"subject": "Ann Vole", "relation": "employer", "object": "Brindle Co"}]'),
+             parse_triples('[{"subject": "Kest", "relation": "country", "object": "Orra"}]'),
+             parse_triples('[{"subject": "Orra", "relation": "capital", "object": "Kest"}]')]
+    texts = [ep.question, "Ann Vole employer Brindle Co", "Kest country Orra", "naïve “quoted” 名前"]
+
+    with served_endpoints(served, tmp_path / "serve"):
+        url, name = endpoint_url(entry)
+        assert name == "minilm" and url.startswith("http://127.0.0.1:")
+        got = gc.embedder(served.options)(texts)
+        served_rank = episode_ranking(ep, turns, gc.embedder(served.options), 10).passage_ids
+        served_reward = index_score(ep, turns, True, gc.embedder(served.options), k=1).reward
+    want = gc.embedder(local.options)(texts)
+    # Same vectors up to kernel rounding (vLLM's CPU matmuls differ from torch's in the 4th decimal).
+    assert got.shape == want.shape == (4, 384) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert (got * want).sum(axis=1).min() > 0.9999
+    assert served_rank == episode_ranking(ep, turns, gc.embedder(local.options), 10).passage_ids
+    assert served_reward == index_score(ep, turns, True, gc.embedder(local.options), k=1).reward == 1.0
+    # Stopped and unregistered: a later hook call fails loudly instead of reaching a dead port.
+    with pytest.raises(RuntimeError, match="no server is running for endpoint model 'minilm'"):
+        endpoint_url(entry)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=5)
+    log = (tmp_path / "serve" / "ag.embedding_endpoint.log").read_text()
+    assert "--runner pooling" in log.splitlines()[0]

@@ -96,7 +96,8 @@ def _cmd_model_check(args: argparse.Namespace) -> None:
 def _cmd_corpus(args: argparse.Namespace) -> None:
     from ragrl.corpus import write_passages
 
-    n = write_passages(args.format, args.inputs, args.out, words=args.words, source=args.source,
+    fmt = args.format[0] if len(args.format) == 1 else args.format
+    n = write_passages(fmt, args.inputs, args.out, words=args.words, source=args.source,
                        strip_title_quotes=args.strip_title_quotes)
     print(f"{n} passages written to {args.out}")
 
@@ -104,7 +105,8 @@ def _cmd_corpus(args: argparse.Namespace) -> None:
 def _cmd_qa(args: argparse.Namespace) -> None:
     from ragrl.data.qa import write_qa
 
-    n = write_qa(args.format, args.input, args.out)
+    fmt, path = (args.format[0], args.input[0]) if len(args.format) == len(args.input) == 1 else (args.format, args.input)
+    n = write_qa(fmt, path, args.out)
     print(f"{n} questions written to {args.out}")
 
 
@@ -487,7 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("corpus", help="read a corpus in a public format into the passages parquet")
-    p.add_argument("--format", required=True, help="parquet | kilt | dpr | flashrag | hotpotqa | 2wikimultihopqa | musique")
+    p.add_argument("--format", nargs="+", required=True,
+                   help="parquet | kilt | dpr | flashrag | hotpotqa | 2wikimultihopqa | musique: one for every input, "
+                        "or one per input in order (a mixed corpus)")
     p.add_argument("--inputs", nargs="+", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--words", type=int, default=100, help="passage length in words (kilt)")
@@ -497,9 +501,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_corpus)
 
     p = sub.add_parser("qa", help="read a QA set in a public format into the QA parquet")
-    p.add_argument("--format", required=True,
-                   help="flashrag | hotpotqa | 2wikimultihopqa | musique | kgqa | simpleqa | truthfulqa | knowrl")
-    p.add_argument("--input", required=True)
+    p.add_argument("--format", nargs="+", required=True,
+                   help="flashrag | hotpotqa | 2wikimultihopqa | musique | kgqa | simpleqa | truthfulqa | knowrl: one, "
+                        "or one per --input in order (their questions are mixed, see ragrl.data.qa.write_qa)")
+    p.add_argument("--input", nargs="+", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=_cmd_qa)
 

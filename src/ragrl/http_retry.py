@@ -46,3 +46,10 @@ def error_message(response: httpx.Response) -> str:
     except ValueError:
         return response.text[:500]
     return str(body.get("error", body))[:500] if isinstance(body, dict) else str(body)[:500]
+
+
+def api_url(base_url: str, path: str) -> str:
+    """`{base_url}/v1/{path}` for an OpenAI-compatible server given with or without its `/v1`
+    (vLLM's URL is the server root; OpenAI's is documented with /v1)."""
+    root = base_url.rstrip("/")
+    return f"{root}/{path}" if root.endswith("/v1") else f"{root}/v1/{path}"

@@ -7,6 +7,7 @@ read it, so the two cannot drift apart. Standard library only: the Snakefile imp
 from __future__ import annotations
 
 import os
+import re
 
 SPLITS = ("train", "dev", "test")
 KGS = ("A", "B")
@@ -34,3 +35,13 @@ def relative_to_dir(path: str | os.PathLike, directory: str | os.PathLike) -> st
     """`path` as seen from `directory`: how an index records its passages file, so that the index
     loads from any working directory and still loads when the results tree is moved as a whole."""
     return os.path.relpath(os.path.abspath(path), os.path.abspath(directory))
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")
+
+
+def safe_name(name: str) -> str:
+    """A file-name-safe version of a run or metric name (`recall@5` -> `recall_5`): the plots'
+    file names, which the rules declare too."""
+    out = _UNSAFE.sub("_", name)
+    return "_" + out if out.startswith(".") or not out else out

@@ -216,3 +216,54 @@ def resolve_endpoint(base_url: str | None, spec: ServerSpec | None) -> Iterator[
         raise ValueError("no base_url and nothing to serve")
     with model_server(spec) as url:
         yield url
+
+
+# --------------------------------------------------------------------------- endpoints in options
+# A method option may name an OpenAI-compatible endpoint (Method.endpoints): `{model, base_url?,
+# serve?, api_key_env?}`. Without base_url, the job that needs it starts a server for it
+# (`ragrl.stages.agent.served_endpoints`) and registers the URL here, under the model name it
+# serves; the method reads it back with `endpoint_url`. The URL (a free port, new every run) stays
+# out of the recipe, so it never changes the fingerprint a resumed job is checked against.
+ENDPOINT_KEYS = {"model": str, "base_url": str, "serve": (bool, dict), "api_key_env": str}
+_RUNNING: dict[str, str] = {}
+
+
+def served_name(entry: Mapping) -> str:
+    serve = entry.get("serve")
+    return serve.get("served_name", entry["model"]) if isinstance(serve, dict) else entry["model"]
+
+
+def check_endpoint(entry: Mapping, key: str) -> None:
+    """An endpoint entry's keys and types; `key` names it in the error."""
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{key}: expected a mapping {{model, base_url?, serve?, api_key_env?}}, got {entry!r}")
+    for k, v in entry.items():
+        if k not in ENDPOINT_KEYS:
+            raise ValueError(f"{key}.{k}: unknown setting; known: {sorted(ENDPOINT_KEYS)}")
+        if not isinstance(v, ENDPOINT_KEYS[k]):
+            raise ValueError(f"{key}.{k}: wrong type {type(v).__name__}")
+    if not entry.get("model"):
+        raise ValueError(f"{key}.model: the model the endpoint serves is required")
+    if entry.get("base_url") and entry.get("serve"):
+        raise ValueError(f"{key}: base_url (an external endpoint) and serve (a server the job starts) exclude each other")
+
+
+@contextmanager
+def registered_endpoint(name: str, url: str) -> Iterator[None]:
+    _RUNNING[name] = url
+    try:
+        yield
+    finally:
+        _RUNNING.pop(name, None)
+
+
+def endpoint_url(entry: Mapping) -> tuple[str, str]:
+    """(base URL, model name to request) of an endpoint entry: its base_url, or the server this
+    job started for it."""
+    if entry.get("base_url"):
+        return entry["base_url"], entry["model"]
+    name = served_name(entry)
+    if name not in _RUNNING:
+        raise RuntimeError(f"no server is running for endpoint model {name!r}: this job was to start it "
+                           "(ragrl.stages.agent.served_endpoints), or give the entry a base_url")
+    return _RUNNING[name], name

@@ -229,7 +229,9 @@ class OpenAICompletionsGenerator:
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 600.0,
                  max_retries: int = 3, backoff_s: float = 1.0, logprobs: bool = True,
                  retokenize_with=None, max_workers: int = 32, transport: httpx.BaseTransport | None = None) -> None:
-        self.url = base_url.rstrip("/") + ("/completions" if base_url.rstrip("/").endswith("/v1") else "/v1/completions")
+        from ragrl.http_retry import api_url
+
+        self.url = api_url(base_url, "completions")
         self.model = model
         self.max_retries = max_retries
         self.backoff_s = backoff_s

@@ -27,7 +27,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -522,15 +522,37 @@ class _IdLedger:
         )
 
 
-def _located_inputs(fmt: str, inputs: list[str], words: int) -> Iterator[tuple[int, Where, Passage]]:
-    reader = _located(fmt)
-    for index, path in enumerate(inputs):
-        count = 0
+def _located_inputs(formats: list[str], inputs: list[str], words: int) -> Iterator[tuple[int, Where, Passage]]:
+    for index, (fmt, path) in enumerate(zip(formats, inputs, strict=True)):
+        reader, count = _located(fmt), 0
         for at, passage in reader(path, words):
             count += 1
             yield index, at, passage
         if count == 0:
             raise DataFormatError(path, "no passages in file")
+
+
+def input_formats(fmt: str | Sequence[str], inputs: Sequence[str]) -> list[str]:
+    """One format per input: `fmt` names one for all, or one each in order (a corpus mixing
+    MuSiQue's and HotpotQA's paragraphs, as AutoGraph-R1 trains on)."""
+    formats = [fmt] * len(inputs) if isinstance(fmt, str) else list(fmt)
+    if len(formats) != len(inputs):
+        raise ValueError(f"{len(formats)} formats for {len(inputs)} inputs: give one format, or one per input in order")
+    for f in dict.fromkeys(formats):
+        _located(f)
+    return formats
+
+
+def _first_content_occurrences(located: Iterable[tuple], formats: list[str]) -> Iterator[tuple]:
+    """`_first_occurrences` for the inputs in content-addressed formats; others pass through (a
+    repeated id there is an error the ledger reports)."""
+    seen: set[str] = set()
+    for item in located:
+        if formats[item[0]] in CONTENT_ADDRESSED:
+            if item[-1]["id"] in seen:
+                continue
+            seen.add(item[-1]["id"])
+        yield item
 
 
 class _LengthOutliers:
@@ -587,7 +609,7 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
 
 
 def write_passages(
-    fmt: str,
+    fmt: str | Sequence[str],
     inputs: Iterable[PathLike],
     out_path: PathLike,
     *,
@@ -596,24 +618,24 @@ def write_passages(
     batch_rows: int = 50_000,
     strip_title_quotes: bool = False,
 ) -> int:
-    """Read all `inputs` (format `fmt`) into one passages parquet at `out_path`; return its rows.
+    """Read all `inputs` into one passages parquet at `out_path`; return its rows. `fmt` is one
+    format for every input or one per input (`source` then defaults to each input's format).
 
     A repeated id is an error naming both places, except in content-addressed formats where it
     is the same paragraph seen again and is kept once. The output appears only if every input
     is valid. Rows are streamed to the file in batches, so memory does not grow with the corpus.
     """
-    _located(fmt)
     check_window(words)
     inputs = [str(p) for p in inputs]
     if not inputs:
         raise ValueError("write_passages needs at least one input file")
-    label = fmt if source is None else source
-    located = _located_inputs(fmt, inputs, words)
+    formats = input_formats(fmt, inputs)
+    labels = [f if source is None else source for f in formats]
+    located = _located_inputs(formats, inputs, words)
     if strip_title_quotes:
         located = _unquoted_titles(located)
-    if fmt in CONTENT_ADDRESSED:
-        located = _first_occurrences(located)
-    ledger = None if fmt in CONTENT_ADDRESSED else _IdLedger()
+    located = _first_content_occurrences(located, formats)
+    ledger = None if all(f in CONTENT_ADDRESSED for f in formats) else _IdLedger()
     outliers = _LengthOutliers()
     total = 0
     with atomic_path(out_path) as tmp:
@@ -627,7 +649,7 @@ def write_passages(
                         ids,
                         pa.array([p["title"] for _, _, p in batch], pa.string()),
                         texts,
-                        pa.array([label] * len(batch), pa.string()),
+                        pa.array([labels[i] for i, _, _ in batch], pa.string()),
                     ],
                     schema=PASSAGE_SCHEMA,
                 )

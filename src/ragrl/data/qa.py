@@ -22,6 +22,9 @@ store an empty struct). Formats:
 - `knowrl`: KnowRL's RL data (data/rl/knowrl_RLdata.json): a JSON array of `{question, answers,
   title}`, `answers` one string, `title` the KB titles of the question joined by ';' (kept in
   metadata, where the KnowRL method finds its topic); ids `knowrl-<index>`.
+
+A dataset may list several files, each with its format (MuSiQue + HotpotQA, as AutoGraph-R1
+trains on): `load_qa` mixes them into one table.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from __future__ import annotations
 import ast
 import csv
 import json
-from collections.abc import Callable, Iterable, Iterator
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -294,26 +298,40 @@ def row_golds(row: dict) -> list[dict[str, str] | str]:
     return [str(g) for g in row.get("golden_answers") or []]
 
 
-def load_qa(fmt: str, path: PathLike) -> pa.Table:
-    """A QA table (QA_SCHEMA) from one file in format `fmt`; question ids must be unique."""
-    try:
-        loader = _LOADERS[fmt]
-    except KeyError:
-        raise ValueError(f"unknown QA format {fmt!r}; expected one of {', '.join(QA_FORMATS)}") from None
+def load_qa(fmt: str | Sequence[str], path: PathLike | Sequence[PathLike], *, seed: int = 0) -> pa.Table:
+    """A QA table (QA_SCHEMA) from one file in format `fmt`, or from several (`fmt` and `path`
+    lists in the same order); question ids must be unique across all of them.
+
+    Several files are mixed: their questions are shuffled together with `seed` (fixed, so the
+    table is reproducible), so that any prefix (a `limit`, the first training batches) draws from
+    every file in proportion to its size rather than from the first file only."""
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    formats = [fmt] * len(paths) if isinstance(fmt, str) else list(fmt)
+    if len(formats) != len(paths):
+        raise ValueError(f"{len(formats)} QA formats for {len(paths)} files: give one format, or one per file in order")
     rows: list[Row] = []
     first_seen: dict[str, Where] = {}
-    for at, row in loader(path):
-        if row["id"] in first_seen:
-            raise at.error(f"duplicate question id '{row['id']}' (first seen at {first_seen[row['id']]})", "id")
-        first_seen[row["id"]] = at
-        rows.append(row)
-    if not rows:
-        raise DataFormatError(path, "empty file: no questions")
+    for f, p in zip(formats, paths, strict=True):
+        try:
+            loader = _LOADERS[f]
+        except KeyError:
+            raise ValueError(f"unknown QA format {f!r}; expected one of {', '.join(QA_FORMATS)}") from None
+        n = len(rows)
+        for at, row in loader(p):
+            if row["id"] in first_seen:
+                raise at.error(f"duplicate question id '{row['id']}' (first seen at {first_seen[row['id']]})", "id")
+            first_seen[row["id"]] = at
+            rows.append(row)
+        if len(rows) == n:
+            raise DataFormatError(p, "empty file: no questions")
+    if len(paths) > 1:
+        random.Random(seed).shuffle(rows)
     return pa.Table.from_pylist(rows, schema=QA_SCHEMA)
 
 
-def write_qa(fmt: str, path: PathLike, out_path: PathLike) -> int:
-    """Convert one QA file to the QA parquet at `out_path` (written only if valid); return rows."""
+def write_qa(fmt: str | Sequence[str], path: PathLike | Sequence[PathLike], out_path: PathLike) -> int:
+    """Convert one QA file, or several mixed (`load_qa`), to the QA parquet at `out_path`
+    (written only if valid); return rows."""
     table = load_qa(fmt, path)
     write_parquet(table, out_path)
     return table.num_rows

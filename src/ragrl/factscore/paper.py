@@ -62,8 +62,9 @@ class ChatEndpoint:
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                  max_retries: int = 3, backoff_s: float = 1.0, max_backoff_s: float = 30.0, max_workers: int = 8,
                  max_tokens: int = 512, temperature: float = 0.0, transport: httpx.BaseTransport | None = None) -> None:
-        root = base_url.rstrip("/")
-        self.url = root + ("/chat/completions" if root.endswith("/v1") else "/v1/chat/completions")
+        from ragrl.http_retry import api_url
+
+        self.url = api_url(base_url, "chat/completions")
         self.model = model
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
         self.max_workers = max(1, max_workers)

@@ -109,6 +109,10 @@ class Method:
     # tool turns, its own prompt).
     eval_rollout: Callable[..., Any] | None = None
     sft_data: bool = True  # False: the method has no cold-start SFT (e.g. the closed-book baseline)
+    # Option fields holding an OpenAI-compatible endpoint entry {model, base_url?, serve?,
+    # api_key_env?} that the hooks call (a judge, an embedder): a job running the hooks starts a vLLM
+    # server for each entry without base_url and stops it at the end (ragrl.serving.endpoint_url).
+    endpoints: tuple[str, ...] = ()
 
     def make_engine(self, generator, tokenizer, env, rollout_cfg):
         if self.engine is not None:

@@ -24,7 +24,7 @@ training optimises, the share of valid episodes, and the number and repetition o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -45,9 +45,13 @@ class GraphConstructorOptions:
     hops: int = 3
     repetition_limit: float = 0.9
     judge: str = "connectivity"
-    judge_url: str = ""
-    judge_model: str = ""
+    # judge "openai": {model, base_url?, serve?, api_key_env?} (ragrl.serving): an external
+    # endpoint, or a vLLM server the RL and evaluation jobs start for it (AutoGraph-R1's judge).
+    judge_endpoint: dict = field(default_factory=dict)
     embedding_model: str = "sentence-transformers/all-MiniLM-L6-v2"
+    # The reward's embedder behind an endpoint instead of in process (the same entry shape; vLLM
+    # serves embedding models with `--runner pooling`); embedding_model is then unused.
+    embedding_endpoint: dict = field(default_factory=dict)
     gold_triples: str = ""  # a triples parquet with source_id: the gold SFT targets
     # Gold SFT rows: whole episodes (every document of a training question, one per turn), or each
     # distinct document of those episodes as a one-turn transcript (shorter rows, more of them: the
@@ -61,8 +65,13 @@ class GraphConstructorOptions:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
         if self.judge not in JUDGES:
             raise ValueError(f"judge must be one of {JUDGES}, got {self.judge!r}")
-        if self.judge == "openai" and not (self.judge_url and self.judge_model):
-            raise ValueError("judge openai needs judge_url and judge_model")
+        from ragrl.serving import check_endpoint
+
+        if self.judge == "openai" and not self.judge_endpoint:
+            raise ValueError("judge openai needs judge_endpoint: {model, base_url or serve}")
+        for name in ("judge_endpoint", "embedding_endpoint"):
+            if getattr(self, name):
+                check_endpoint(getattr(self, name), name)
         for name in ("negatives", "recall_k", "top_triples", "hops"):
             if getattr(self, name) < (0 if name == "negatives" else 1):
                 raise ValueError(f"{name}={getattr(self, name)} is out of range")
@@ -110,7 +119,7 @@ class ConstructorEnvironment:
             raise ValueError("a constructor trajectory without its episode (run it with ConstructorEngine)")
         o = self.options
         if o.reward == "index":
-            s = index_score(episode, trajectory.turns, trajectory.complete, _embedder(o.embedding_model),
+            s = index_score(episode, trajectory.turns, trajectory.complete, embedder(o),
                             k=o.recall_k, top_triples=o.top_triples, limit=o.repetition_limit, ranking=ranking)
         else:
             s = carrier_scores([episode], [(0, trajectory.turns, trajectory.complete)], _judge(o), None, hops=o.hops,
@@ -122,18 +131,44 @@ _NOT_GENERIC = ("graph_constructor episodes run on ragrl.kg.constructor.Construc
                 "RolloutEngine cannot feed the next document as a user turn (docs/AUTOGRAPH_R1.md)")
 
 
+def embedder(options: GraphConstructorOptions):
+    """The reward's query embedder: the endpoint's (served by this job or external), else in process."""
+    from ragrl.serving import endpoint_url
+
+    if options.embedding_endpoint:
+        return _endpoint_embedder(*endpoint_url(options.embedding_endpoint),
+                                  _api_key(options.embedding_endpoint))
+    return _local_embedder(options.embedding_model)
+
+
+def _api_key(entry: Mapping[str, Any]) -> str | None:
+    import os
+
+    return os.environ.get(entry["api_key_env"]) if entry.get("api_key_env") else None
+
+
+# Cached: the reward embeds every rollout's triples, and a model load or HTTP client per call costs seconds.
 @lru_cache(maxsize=2)
-def _embedder(model: str):
+def _local_embedder(model: str):
     from ragrl.retrieval.encoder import Encoder
 
     return Encoder(model).encode_queries
 
 
+@lru_cache(maxsize=2)
+def _endpoint_embedder(base_url: str, model: str, api_key: str | None):
+    from ragrl.retrieval.endpoint_encoder import EndpointEncoder
+
+    return EndpointEncoder(base_url, model, api_key=api_key).encode_queries
+
+
 def _judge(options: GraphConstructorOptions):
     from ragrl.rewards.autograph import ConnectivityJudge, OpenAIJudge
+    from ragrl.serving import endpoint_url
 
     if options.judge == "openai":
-        return OpenAIJudge(options.judge_url, options.judge_model)
+        base_url, model = endpoint_url(options.judge_endpoint)
+        return OpenAIJudge(base_url, model, api_key=_api_key(options.judge_endpoint))
     return ConnectivityJudge()
 
 
@@ -192,7 +227,7 @@ def eval_metrics(recipe, row: Mapping[str, Any], trajectory) -> dict:
     episode, ranking = trajectory.episode, None
     recall = {"recall@2": 0.0, "recall@5": 0.0}
     if trajectory.complete:
-        ranking = episode_ranking(episode, trajectory.turns, _embedder(o.embedding_model), o.top_triples)
+        ranking = episode_ranking(episode, trajectory.turns, embedder(o), o.top_triples)
         recall = {f"recall@{k}": recall_at_k(ranking.passage_ids, episode.supporting_ids, k) for k in (2, 5)}
     s = ConstructorEnvironment(o).score(episode, trajectory, ranking)
     return {**recall, "reward": s.reward, "valid": float(trajectory.complete),
@@ -258,4 +293,5 @@ METHOD = Method(
     # Its task (triples from documents) is not the QA baselines': the untrained policy gets its own row.
     own_baseline=True,
     oracle_row=False,
+    endpoints=("judge_endpoint", "embedding_endpoint"),
 )

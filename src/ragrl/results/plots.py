@@ -16,20 +16,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from ragrl.io import atomic_path
+from ragrl.paths import safe_name
 from ragrl.results.query import fetch
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]")
-
-
-def safe_name(name: str) -> str:
-    """A file-name-safe version of a run or metric name."""
-    out = _UNSAFE.sub("_", name)
-    return "_" + out if out.startswith(".") or not out else out
 
 
 def _figure(width: float, height: float, ncols: int = 1):

@@ -109,7 +109,9 @@ class OpenAIJudge:
                  user_prompt: str | None = None) -> None:
         import httpx
 
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        from ragrl.http_retry import api_url
+
+        self.url = api_url(base_url, "chat/completions")
         self.model = model
         self.max_tokens = max_tokens
         self.concurrency = max(1, concurrency)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from ragrl.recipe import Recipe, serve_settings, sft_args
-from ragrl.serving import ServerSpec, resolve_endpoint
+from ragrl.serving import ServerSpec, model_server, resolve_endpoint
 
 
 def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: str | None = None,
@@ -75,6 +76,23 @@ def served_model(endpoint: Mapping[str, Any], log: Path) -> ServerSpec | None:
                       startup_timeout_s=float(serve.get("startup_timeout_s", 900)))
 
 
+@contextmanager
+def served_endpoints(recipe: Recipe, log_dir: Path | None = None) -> Iterator[None]:
+    """While the body runs, every endpoint entry of the recipe's options (Method.endpoints) without
+    a base_url is served by a vLLM server this job starts (log `<log_dir>/<recipe>.<field>.log`) and
+    stops, its URL registered for the method's hooks (ragrl.serving.endpoint_url)."""
+    from ragrl.serving import registered_endpoint, served_name
+
+    with ExitStack() as stack:
+        for name in recipe.method.endpoints:
+            entry = dict(getattr(recipe.options, name) or {})
+            server = served_model(entry, Path(log_dir or "logs/serve") / f"{recipe.name}.{name}.log") if entry else None
+            if server is not None:
+                url = stack.enter_context(model_server(server))
+                stack.enter_context(registered_endpoint(served_name(entry), url))
+        yield
+
+
 def sft_data(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out: Path,
              limit: int | None = None, server_log: Path | None = None) -> dict:
     """Cold-start SFT data by the recipe's route: the method's gold trajectories, a teacher's
@@ -110,7 +128,8 @@ def sft(recipe: Recipe, data: Path, policy: Path, out: Path) -> Path:
 
 
 def rl(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out_dir: Path, *,
-       limit: int | None = None, log_out: Path | None = None, flags: Mapping[str, Any] | None = None) -> Path:
+       limit: int | None = None, log_out: Path | None = None, flags: Mapping[str, Any] | None = None,
+       server_log_dir: Path | None = None) -> Path:
     """RL on the recipe's backend: our trainer here, or verl on a Ray cluster (docs/VERL.md)."""
     flags = dict(flags or {})
     if recipe.rl.get("backend", "local") == "verl":
@@ -125,8 +144,9 @@ def rl(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out_
     inputs = {k: flags.get(k) for k in ("index", "bm25", "passages", "kg") if flags.get(k) is not None}
     fingerprint = {kind: b.health().get("datasets", {}) for kind, b in backends.items()
                    if kind != "retriever" and hasattr(b, "health")}
-    return train_agent(recipe, qa, policy, out_dir, environment(recipe, backends), limit=limit, log_out=log_out,
-                       fingerprint=fingerprint, inputs=inputs)
+    with served_endpoints(recipe, server_log_dir):
+        return train_agent(recipe, qa, policy, out_dir, environment(recipe, backends), limit=limit, log_out=log_out,
+                           fingerprint=fingerprint, inputs=inputs)
 
 
 def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any], out_dir: Path, *, run_id: str,
@@ -147,7 +167,7 @@ def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any],
 
 def evaluate_run(recipe: Recipe, model: Path, datasets: Sequence[tuple[str, Path, Mapping[str, Any]]],
                  out_dir: Path, *, run_id: str, max_questions: int | None = None,
-                 batch_size: int = 32) -> dict[str, dict]:
+                 batch_size: int = 32, server_log_dir: Path | None = None) -> dict[str, dict]:
     """Evaluate one run on each (dataset, qa, backends): `out_dir/<dataset>/` gets its predictions
     and metrics. The policy is loaded once: one job per run instead of one per (run, dataset)
     pays the interpreter, torch and index start-up once (~10 s a job on 2 CPU cores, which was
@@ -160,7 +180,8 @@ def evaluate_run(recipe: Recipe, model: Path, datasets: Sequence[tuple[str, Path
     if len(set(names)) != len(names):
         raise ValueError(f"run {run_id!r}: dataset named twice in {names}")
     generator, tokenizer = load_policy(model)
-    return {name: evaluate(recipe, model, qa, backends, Path(out_dir) / name, run_id=run_id, dataset=name,
-                           max_questions=max_questions, batch_size=batch_size, generator=generator,
-                           tokenizer=tokenizer)
-            for name, qa, backends in datasets}
+    with served_endpoints(recipe, server_log_dir):
+        return {name: evaluate(recipe, model, qa, backends, Path(out_dir) / name, run_id=run_id, dataset=name,
+                               max_questions=max_questions, batch_size=batch_size, generator=generator,
+                               tokenizer=tokenizer)
+                for name, qa, backends in datasets}
