@@ -400,3 +400,31 @@ def test_corpus_graph_ranking_and_the_reader_retriever(tiny, tmp_path):
         3, "source_id", [["nowhere"]]), bad)
     with pytest.raises(ValueError, match=r"bad.parquet: source_id\(s\) \['nowhere'\]"):
         corpus_graph(bad, root / "passages.parquet")
+
+
+def test_document_unit_chains_sft_turns_distinct_documents_per_row(tiny, tmp_path):
+    # sft_turns 3: the same distinct documents, each once, three to a row, every answer trained
+    # and every document turn masked, so the model sees later turns after its own answers.
+    from ragrl.kg.constructor import gold_triples_by_passage
+
+    qa = tmp_path / "qa.parquet"
+    pq.write_table(pq.read_table(tiny.root / "world/qa/train.parquet").slice(0, 6), qa)
+    method = get_method("graph_constructor")
+    env_rows = {}
+    for turns in (1, 3):
+        recipe = _carrier_recipe(tiny, sft_unit="document", sft_turns=turns)
+        env = method.make_environment(recipe, {"retriever": _Passages(tiny.root)})
+        method.gold_sft(recipe, qa, tiny.model_dir, env, {}, tmp_path / f"sft{turns}.parquet")
+        env_rows[turns] = pq.read_table(tmp_path / f"sft{turns}.parquet").to_pylist()
+    one, three = env_rows[1], env_rows[3]
+    chained = [i for r in three for i in r["id"].split("+")]
+    assert sorted(chained) == sorted(r["id"] for r in one)  # the same documents, each once
+    assert [r["num_turns"] for r in three] == [3] * (len(one) // 3) + ([len(one) % 3] if len(one) % 3 else [])
+    gold = gold_triples_by_passage(pq.read_table(tiny.root / "world/kg/B/triples.parquet").to_pylist())
+    for r in three:
+        masks = r["assistant_masks"]
+        spans = sum(1 for i, m in enumerate(masks) if m == 1 and (i == 0 or masks[i - 1] == 0))
+        assert spans == r["num_turns"]  # one trained answer per document
+        assert all(gold[i][0].subject in r["text"] for i in r["id"].split("+"))
+    with pytest.raises(ValueError, match="sft_turns"):
+        _carrier_recipe(tiny, sft_unit="document", sft_turns=0)

@@ -57,6 +57,11 @@ class GraphConstructorOptions:
     # distinct document of those episodes as a one-turn transcript (shorter rows, more of them: the
     # cheaper way to teach a small policy the triple format; construct-kg runs one-document episodes).
     sft_unit: str = "episode"
+    # With sft_unit "document": each row chains this many distinct documents, one per turn, in the
+    # order the training episodes give them (each document still once). One-document rows never
+    # show the model a second user turn after its own answer, and a policy trained on them alone
+    # wrote valid first turns but broke on later ones (docs/AUTOGRAPH_R1.md).
+    sft_turns: int = 1
 
     def __post_init__(self) -> None:
         from ragrl.kg.constructor import REWARD_MODES
@@ -72,7 +77,7 @@ class GraphConstructorOptions:
         for name in ("judge_endpoint", "embedding_endpoint"):
             if getattr(self, name):
                 check_endpoint(getattr(self, name), name)
-        for name in ("negatives", "recall_k", "top_triples", "hops"):
+        for name in ("negatives", "recall_k", "top_triples", "hops", "sft_turns"):
             if getattr(self, name) < (0 if name == "negatives" else 1):
                 raise ValueError(f"{name}={getattr(self, name)} is out of range")
         if self.sft_unit not in ("episode", "document"):
@@ -256,8 +261,14 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     rows = []
     episodes = env.episodes(read_qa_rows(qa, limit))
     if options.sft_unit == "document":
-        distinct = {d.id: d for e in episodes for d in e.documents}
-        episodes = [Episode(d.id, "", (), (), (d,)) for d in distinct.values()]
+        distinct = list({d.id: d for e in episodes for d in e.documents}.values())
+        if not options.allow_empty:  # dropped one by one, so a chain is not lost for one document
+            stats.total += sum(1 for d in distinct if not gold.get(d.id))
+            stats.dropped["passage_without_triples"] += sum(1 for d in distinct if not gold.get(d.id))
+            distinct = [d for d in distinct if gold.get(d.id)]
+        n = options.sft_turns
+        episodes = [Episode("+".join(d.id for d in distinct[i:i + n]), "", (), (), tuple(distinct[i:i + n]))
+                    for i in range(0, len(distinct), n)]
     for episode in episodes:
         stats.total += 1
         row = gold_transcript(episode, gold, frame)
