@@ -348,6 +348,8 @@ def test_endpoint_entries_are_checked_and_resolved():
         GraphConstructorOptions(judge="openai", judge_endpoint={"serve": True})
     with pytest.raises(ValueError, match="exclude each other"):
         GraphConstructorOptions(judge="openai", judge_endpoint={"model": "m", "base_url": "http://x", "serve": True})
+    with pytest.raises(ValueError, match="judge_endpoint.serve: false needs judge_endpoint.base_url"):
+        GraphConstructorOptions(judge="openai", judge_endpoint={"model": "m", "serve": False})
     external = {"model": "m", "base_url": "http://judge:8129/v1"}
     assert endpoint_url(external) == ("http://judge:8129/v1", "m")
     served = {"model": "Qwen/Qwen2.5-7B-Instruct", "serve": {"served_name": "judge"}}

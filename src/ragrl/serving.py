@@ -246,6 +246,8 @@ def check_endpoint(entry: Mapping, key: str) -> None:
         raise ValueError(f"{key}.model: the model the endpoint serves is required")
     if entry.get("base_url") and entry.get("serve"):
         raise ValueError(f"{key}: base_url (an external endpoint) and serve (a server the job starts) exclude each other")
+    if entry.get("serve") is False and not entry.get("base_url"):
+        raise ValueError(f"{key}.serve: false needs {key}.base_url (an external endpoint)")
 
 
 @contextmanager
