@@ -259,6 +259,11 @@ def registered_endpoint(name: str, url: str) -> Iterator[None]:
         _RUNNING.pop(name, None)
 
 
+def api_key(entry: Mapping) -> str | None:
+    """The API key an endpoint entry names by environment variable (`api_key_env`), if any."""
+    return os.environ.get(entry["api_key_env"]) if entry.get("api_key_env") else None
+
+
 def endpoint_url(entry: Mapping) -> tuple[str, str]:
     """(base URL, model name to request) of an endpoint entry: its base_url, or the server this
     job started for it."""

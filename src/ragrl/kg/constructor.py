@@ -120,6 +120,7 @@ class ConstructorTrajectory:
     stop_reason: str = ""  # done | invalid | response_limit
     latency_s: float = 0.0
     episode: Episode | None = None  # set by the engine that ran it: what the reward reads
+    num_searches: int = 0  # the RL log's searches per trajectory: a constructor never searches
 
     @property
     def complete(self) -> bool:

@@ -138,18 +138,11 @@ _NOT_GENERIC = ("graph_constructor episodes run on ragrl.kg.constructor.Construc
 
 def embedder(options: GraphConstructorOptions):
     """The reward's query embedder: the endpoint's (served by this job or external), else in process."""
-    from ragrl.serving import endpoint_url
+    from ragrl.serving import api_key, endpoint_url
 
     if options.embedding_endpoint:
-        return _endpoint_embedder(*endpoint_url(options.embedding_endpoint),
-                                  _api_key(options.embedding_endpoint))
+        return _endpoint_embedder(*endpoint_url(options.embedding_endpoint), api_key(options.embedding_endpoint))
     return _local_embedder(options.embedding_model)
-
-
-def _api_key(entry: Mapping[str, Any]) -> str | None:
-    import os
-
-    return os.environ.get(entry["api_key_env"]) if entry.get("api_key_env") else None
 
 
 # Cached: the reward embeds every rollout's triples, and a model load or HTTP client per call costs seconds.
@@ -169,11 +162,11 @@ def _endpoint_embedder(base_url: str, model: str, api_key: str | None):
 
 def _judge(options: GraphConstructorOptions):
     from ragrl.rewards.autograph import ConnectivityJudge, OpenAIJudge
-    from ragrl.serving import endpoint_url
+    from ragrl.serving import api_key, endpoint_url
 
     if options.judge == "openai":
         base_url, model = endpoint_url(options.judge_endpoint)
-        return OpenAIJudge(base_url, model, api_key=_api_key(options.judge_endpoint))
+        return OpenAIJudge(base_url, model, api_key=api_key(options.judge_endpoint))
     return ConnectivityJudge()
 
 
@@ -263,8 +256,9 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     if options.sft_unit == "document":
         distinct = list({d.id: d for e in episodes for d in e.documents}.values())
         if not options.allow_empty:  # dropped one by one, so a chain is not lost for one document
-            stats.total += sum(1 for d in distinct if not gold.get(d.id))
-            stats.dropped["passage_without_triples"] += sum(1 for d in distinct if not gold.get(d.id))
+            without = sum(1 for d in distinct if not gold.get(d.id))
+            stats.total += without
+            stats.dropped["passage_without_triples"] += without
             distinct = [d for d in distinct if gold.get(d.id)]
         n = options.sft_turns
         episodes = [Episode("+".join(d.id for d in distinct[i:i + n]), "", (), (), tuple(distinct[i:i + n]))

@@ -8,7 +8,6 @@ calls the core. Nothing here knows a method by name.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from ragrl.recipe import Recipe, serve_settings, sft_args
 from ragrl.serving import ServerSpec, model_server, resolve_endpoint
+from ragrl.serving import api_key as endpoint_api_key
 
 
 def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: str | None = None,
@@ -111,7 +111,7 @@ def sft_data(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any]
     if source == "gold":
         return recipe.method.gold_sft(recipe, qa, policy, env, backends, out, limit)
     teacher = dict(recipe.sft["teacher"])
-    api_key = os.environ.get(teacher["api_key_env"]) if teacher.get("api_key_env") else None
+    api_key = endpoint_api_key(teacher)
     server = served_model(teacher, server_log or Path("logs/serve") / f"{recipe.name}.teacher.log")
     with resolve_endpoint(teacher.get("base_url"), server) as base_url:
         return teacher_sft_stage(qa, policy, env, out, base_url=base_url,

@@ -38,7 +38,7 @@ def make_rollout_fn(recipe: Recipe, tokenizer, env):
                 prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
                 loss_mask=list(traj.loss_mask), turn_index=list(traj.turn_index),
                 reward=float(s.reward), group=traj.prompt_index, turn_rewards=s.turn_rewards,
-                stats={"searches": getattr(traj, "num_searches", 0), "response_length": len(traj.response_ids),
+                stats={"searches": traj.num_searches, "response_length": len(traj.response_ids),
                        **{f"reward_{k}": float(v) for k, v in s.components.items()}},
             ))
         return samples
