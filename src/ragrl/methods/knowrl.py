@@ -207,7 +207,8 @@ def is_known(topic: str, share: float, seed: int = 0) -> bool:
 
 
 def completion(think: str, answer: str) -> str:
-    return f"<think>\n{think}\n</think>\n<answer>{answer}</answer>"
+    # "<answer> X": the answer in the word pieces the think text wrote it in (ragrl.toy.gold).
+    return f"<think>\n{think}\n</think>\n<answer> {answer}</answer>"
 
 
 def make_environment(recipe, backends: Mapping[str, Any]):

@@ -103,21 +103,28 @@ def gold_path(store: KGStore, topic: str, golds: Sequence[dict | str], max_hops:
 
 
 def query_turns(plan: KGPlan) -> list[str]:
-    """The assistant text of each query turn (two per hop)."""
+    """The assistant text of each query turn (two per hop).
+
+    Each argument opens with a space inside its quotes (`get_relations_out(" Ada Lovelace")`; the KG
+    trims names): byte-level BPE gives `"Ada` other pieces than ` Ada`, the form in which the
+    question and the thought hold the name, so the policy copies it token for token. On the default
+    world kg_r1_sft went from EM 0.098 (format 0.44) to 0.164 (format 0.74) on KG A's test split.
+    """
     turns = []
     for i, (head, rel, tail) in enumerate(plan.path):
         known = f"{plan.path[i - 1][0]} {plan.path[i - 1][1]} {head}. " if i else ""
         turns.append(f"{THINK_OPEN}{known}I need the relations of {head}.{THINK_CLOSE}\n"
-                     f'{KG_OPEN}get_relations_out("{head}"){KG_CLOSE}')
+                     f'{KG_OPEN}get_relations_out(" {head}"){KG_CLOSE}')
         turns.append(f"{THINK_OPEN}{head} has the relation {rel}; I follow it.{THINK_CLOSE}\n"
-                     f'{KG_OPEN}get_entities_out("{head}", "{rel}"){KG_CLOSE}')
+                     f'{KG_OPEN}get_entities_out(" {head}", " {rel}"){KG_CLOSE}')
     return turns
 
 
 def answer_turn(plan: KGPlan) -> str:
+    # "<answer> X": the name in the same word pieces as in the thought (ragrl.toy.gold, search_text).
     head, rel, tail = plan.path[-1]
     return (f"{THINK_OPEN}{head} {rel} {tail}. So the answer is {plan.answer}.{THINK_CLOSE}\n"
-            f"{ANSWER_OPEN}{plan.answer}{ANSWER_CLOSE}")
+            f"{ANSWER_OPEN} {plan.answer}{ANSWER_CLOSE}")
 
 
 def plan_row(row: dict, store: KGStore, max_hops: int = 2) -> KGPlan | str:
