@@ -104,6 +104,30 @@ def test_gold_plan_follows_the_hops(tiny):
     assert plan_row(by_type["comparison"], multi_query=True, max_queries=1).turns == ((0,), (1,))
 
 
+def _contains(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i:i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+def test_gold_actions_copy_the_thought_token_for_token(tiny, gold_parquet):
+    # The query and the answer are copied from the thought before them: in the same word pieces,
+    # or the tiny policy must translate between two tokenizations of one name (it could not).
+    tok = transformers.AutoTokenizer.from_pretrained(tiny.model_dir)
+    rows = pq.read_table(gold_parquet).to_pylist()
+    checked = 0
+    for row in rows:
+        ids = row["input_ids"]
+        for open_, close in (("<search>", "</search>"), ("<answer>", "</answer>")):
+            o, c = tok.convert_tokens_to_ids(open_), tok.convert_tokens_to_ids(close)
+            # generated tags only (the prompt's instructions show the tags too)
+            for start in [i for i, t in enumerate(ids) if t == o and row["assistant_masks"][i]]:
+                content = ids[start + 1:ids.index(c, start)]
+                if open_ == "<search>" and " | " in tok.decode(content):
+                    continue  # a parallel turn joins several queries of the thought
+                assert content and _contains(ids[:start], content), (open_, tok.decode(content))
+                checked += 1
+    assert checked >= 2 * len(rows)
+
+
 @pytest.mark.parametrize("env_name", ["search", "multi_query_search"])
 def test_gold_tokens_and_masks_equal_the_rollout_engine(tiny, env_name):
     rows = tiny.rows[:30]
@@ -267,6 +291,29 @@ def test_trl_labels_and_loss_follow_the_assistant_mask(tiny, gold_parquet, tmp_p
     assert loss == pytest.approx(_masked_nll(model, rows), rel=1e-4)
     # ... and not the loss over every token (observations and prompt would change it).
     assert abs(loss - _masked_nll(model, rows, use_mask=False)) > 1e-3
+
+
+def _epoch_padding(trainer) -> tuple[list[int], int]:
+    """Row ids in the order one epoch's batches visit them, and the padding tokens those batches carry."""
+    order, pad = [], 0
+    batch_size = trainer.args.per_device_train_batch_size
+    indices = list(trainer._get_train_sampler())
+    for start in range(0, len(indices), batch_size):
+        lengths = [len(trainer.train_dataset[i]["input_ids"]) for i in indices[start:start + batch_size]]
+        pad += max(lengths) * len(lengths) - sum(lengths)
+        order.extend(indices[start:start + batch_size])
+    return order, pad
+
+
+def test_group_by_length_batches_similar_lengths(tiny, gold_parquet, tmp_path):
+    grouped = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "g", SFTArgs(max_steps=1, batch_size=4,
+                                                                              group_by_length=True))
+    plain = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "r", SFTArgs(max_steps=1, batch_size=4))
+    grouped_order, grouped_pad = _epoch_padding(grouped)
+    plain_order, plain_pad = _epoch_padding(plain)
+    # Every row once per epoch either way; grouped batches waste less on padding.
+    assert sorted(grouped_order) == sorted(plain_order) == list(range(len(grouped.train_dataset)))
+    assert grouped_pad < plain_pad, (grouped_pad, plain_pad)
 
 
 # --------------------------------------------------------------------------- training and merging
