@@ -68,6 +68,7 @@ def sft_config(args: SFTArgs, output_dir: str | Path):
         max_grad_norm=args.max_grad_norm,
         seed=args.seed,
         data_seed=args.seed,
+        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
         bf16=_bf16(args.bf16),
         # transformers 5 name; it overrides TRL's `gradient_checkpointing=True` default (a deprecated alias).
         activation_checkpointing=args.gradient_checkpointing,

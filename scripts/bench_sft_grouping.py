@@ -1,0 +1,81 @@
+"""SFT step time with random batches against length-grouped batches (`sft.group_by_length`).
+
+    python scripts/bench_sft_grouping.py --data results/sft_data/search_r1.parquet \
+        --model results/models/pretrained --steps 40 --batch-size 8 --rounds 2
+
+Trains the same model on the same rows for `--steps` steps in each mode, alternating the order per
+round (the machine is shared: a ratio from one round is only as good as the noise between two
+neighbouring runs), on one thread as the workflow's SFT jobs run. Also reports the share of the
+tokens in an epoch's batches that are padding, from each mode's sampler. Writes JSON to `--out`
+(default stdout) and a progress line per run to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ragrl.train.sft import SFTArgs, build_trainer
+
+
+def padding_share(trainer) -> float:
+    """Padding tokens / all tokens over one epoch of the trainer's batches."""
+    batch_size = trainer.args.per_device_train_batch_size
+    lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+    order = list(trainer._get_train_sampler())
+    padded = real = 0
+    for start in range(0, len(order), batch_size):
+        batch = [lengths[i] for i in order[start:start + batch_size]]
+        padded += max(batch) * len(batch)
+        real += sum(batch)
+    return 1 - real / padded
+
+
+def run(mode: str, args, work: Path) -> dict:
+    sft = SFTArgs(max_steps=args.steps, batch_size=args.batch_size, lr=1e-3, log_every=10 ** 6,
+                  group_by_length=mode == "group_by_length")
+    trainer = build_trainer(args.model, args.data, work / mode, sft)
+    share = padding_share(trainer)
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    print(f"[bench-sft] {mode}: {args.steps} steps in {wall:.1f} s, padding {share:.1%} of batch tokens",
+          file=sys.stderr, flush=True)
+    return {"mode": mode, "wall_s": round(wall, 2), "s_per_step": round(wall / args.steps, 3),
+            "padding_share": round(share, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", required=True, help="an SFT parquet of ragrl sft-data")
+    parser.add_argument("--model", required=True, help="the policy to fine-tune (HF directory)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", help="JSON file (default: stdout)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            modes = ("random", "group_by_length") if r % 2 == 0 else ("group_by_length", "random")
+            results = {m: run(m, args, Path(tmp) / f"r{r}") for m in modes}
+            results["ratio_grouped_to_random"] = round(results["group_by_length"]["wall_s"] / results["random"]["wall_s"], 3)
+            rounds.append(results)
+    report = json.dumps({"data": args.data, "steps": args.steps, "batch_size": args.batch_size,
+                         "threads": args.threads, "torch": torch.__version__, "rounds": rounds}, indent=2)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+    else:
+        print(report)
+
+
+if __name__ == "__main__":
+    main()
