@@ -49,8 +49,8 @@ def _tiny_config() -> dict:
         "search_r1": {**recipes["search_r1"], **{k: {**recipes["search_r1"][k], **v} for k, v in _SMALL.items()}},
         "kg_r1": {**recipes["kg_r1"], **{k: {**recipes["kg_r1"][k], **v} for k, v in kg_small.items()}},
     }
-    # AutoGraph-R1's constructor, graphs and the KG-R1 row over the built KG run in
-    # tests/test_autograph_workflow.py.
+    # AutoGraph-R1's constructor, graphs and the KG-R1 row over the built KG join in
+    # test_workflow_runs_end_to_end (_end_to_end_config); the other tests run without them.
     cfg["recipes"]["kg_r1"]["eval_datasets"] = KG_DATASETS
     cfg["construct_kg"] = None
     cfg["datasets"].pop("world_kgqa_A_test_built")
@@ -111,8 +111,33 @@ def _snakemake(workdir: Path, config: dict, *args: str, timeout: float = 1800) -
 
 
 @pytest.mark.integration
+def _end_to_end_config() -> dict:
+    """TINY plus AutoGraph-R1 (the default config's recipe, shrunk): its constructor, the KGs it
+    builds, graph_rank over them, the reader runs and KG-R1 over the built KG. One DAG for both, since
+    two runs of the shared jobs (world, indexes, search_r1, kg_r1) cost the suite ~5 minutes."""
+    config = json.loads(json.dumps(TINY))
+    default = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    recipe = json.loads(json.dumps(default["recipes"]["autograph_r1"]))
+    recipe["sft"] = {**recipe["sft"], "epochs": 1, "batch_size": 4}
+    recipe["rl"] = {**recipe["rl"], "steps": 2, "batch_prompts": 2, "group_size": 2, "checkpoint_every": 1,
+                    "filter_tied_groups": False}
+    recipe["rollout"] = {**recipe["rollout"], "max_turn_tokens": 48}
+    config["recipes"]["autograph_r1"] = recipe
+    config["recipes"]["kg_r1"]["eval_datasets"] = default["recipes"]["kg_r1"]["eval_datasets"]
+    config["datasets"]["world_kgqa_A_test_built"] = default["datasets"]["world_kgqa_A_test_built"]
+    config["kgs"]["world_built"] = default["kgs"]["world_built"]
+    config["construct_kg"] = {**default["construct_kg"], "max_turn_tokens": 48}
+    config["results"]["tables"] += [t for t in default["results"]["tables"] if t["name"].startswith("autograph_")]
+    return config
+
+
+GRAPHS = ("base", "sft", "rl", "gold")
+GRAPH_READERS = [f"graph_{g}_reader" for g in GRAPHS]
+
+
 def test_workflow_runs_end_to_end(tmp_path):
-    proc = _snakemake(tmp_path, TINY)
+    config = _end_to_end_config()
+    proc = _snakemake(tmp_path, config, "--verbose")
     assert proc.returncode == 0, proc.stderr[-3000:]
     world = tmp_path / "results/world"
     assert (world / "passages.parquet").is_file() and (world / "qa/test.parquet").is_file()
@@ -143,27 +168,34 @@ def test_workflow_runs_end_to_end(tmp_path):
 
     con = duckdb.connect(str(tmp_path / "results/ragrl.duckdb"), read_only=True)
     leaderboard = con.execute("select run_id, dataset, value from leaderboard").fetchall()
-    expected = [(r, "world_test") for r in RUNS] + [(r, d) for r in KG_RUNS for d in KG_DATASETS]
-    assert sorted((r[0], r[1]) for r in leaderboard) == sorted(expected)
+    expected = [(r, "world_test") for r in RUNS + GRAPH_READERS] + [(r, d) for r in KG_RUNS for d in KG_DATASETS]
+    expected += [(r, "world_kgqa_A_test_built") for r in KG_RUNS]
+    agent_rows = [(r, d) for r, d, _ in leaderboard if not r.startswith("autograph_") and r not in
+                  [f"graph_{g}" for g in GRAPHS]]
+    assert sorted(agent_rows) == sorted(expected)
     steps = con.execute("select run_id, count(*) from train_log group by run_id order by run_id").fetchall()
-    assert steps == [("kg_r1_rl", 2), ("search_r1_rl", 2)]
+    assert steps == [("autograph_r1_rl", 2), ("kg_r1_rl", 2), ("search_r1_rl", 2)]
     # The KG agent's log carries KG-R1's reward parts (turn rewards feed the turn-level advantage).
     assert con.execute("select count(reward_turn_mean) from train_log where run_id = 'kg_r1_rl'").fetchone()[0] == 2
-    assert con.execute("select count(*) from predictions").fetchone()[0] == 4 * len(expected)
-    assert con.execute("select count(*) from jobs where rule = 'rl'").fetchone()[0] == 2
+    predictions = con.execute("select run_id, dataset, count(*) from predictions group by all").fetchall()
+    assert {(r, d): n for r, d, n in predictions if (r, d) in expected} == {k: 4 for k in expected}
+    assert con.execute("select count(*) from jobs where rule = 'rl'").fetchone()[0] == 3
     table = (tmp_path / "results/tables/toy_em.md").read_text()
     for run_id, dataset, value in leaderboard:
-        if dataset == "world_test":
+        if run_id in RUNS and dataset == "world_test":
             assert run_id in table and f"{value:.3f}" in table
     kg_table = (tmp_path / "results/tables/kg_transfer_em.md").read_text()
     assert all(r in kg_table for r in KG_RUNS) and all(d in kg_table for d in KG_DATASETS)
     assert (tmp_path / "results/plots/metrics_em.png").stat().st_size > 0
+    _assert_autograph_outputs(tmp_path, proc.stdout + proc.stderr, con)
+    con.close()
+
     # Nothing left to do: a second run is a no-op.
-    again = _snakemake(tmp_path, TINY, "-n")
+    again = _snakemake(tmp_path, config, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
 
     # Changing one run's setting re-executes exactly that run's downstream jobs.
-    changed = json.loads(json.dumps(TINY))
+    changed = json.loads(json.dumps(config))
     changed["recipes"]["search_r1"]["rl"]["lr"] = 3e-4
     rerun = _snakemake(tmp_path, changed)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -171,10 +203,44 @@ def test_workflow_runs_end_to_end(tmp_path):
     assert ran == {
         ("rl", "recipe=search_r1"), ("merge_rl", "recipe=search_r1"),
         ("eval", "run=search_r1_rl"), ("run_manifest", "run=search_r1_rl"),
-        # the oracle row evaluates the same RL policy
+        # the oracle row evaluates the same RL policy, and the graph rows read with it
         ("eval", "run=search_r1_oracle"), ("run_manifest", "run=search_r1_oracle"),
+        *{(job, f"run={r}") for r in GRAPH_READERS for job in ("eval", "run_manifest")},
         ("results_db", ""), ("results_tables", ""), ("results_plots", ""), ("all", ""),
     }, ran
+
+
+def _assert_autograph_outputs(tmp_path: Path, log: str, con) -> None:
+    """AutoGraph-R1's part of the DAG: gold SFT data, SFT, GRPO through the generic RL stage on the
+    constructor's own engine, the per-episode evaluation, construct_kg with the untrained / SFT / RL
+    constructors, graph_rank over each built graph and the gold KG, reader runs over the rankings,
+    KG-R1 over the KG built from text, and the autograph_* tables."""
+    import pyarrow.parquet as pq
+
+    jobs = _jobs_run(log)
+    assert {w for r, w in jobs if r == "construct_kg"} == {"constructor=base", "constructor=sft", "constructor=rl"}
+    assert {w for r, w in jobs if r == "graph_rank"} == {f"graph={g}, dataset=world_test" for g in GRAPHS}
+    # The RL constructor's KG is what the KG-R1 agent queries on the built dataset.
+    assert "results/kg_built/rl" in (tmp_path / "logs/eval/kg_r1_rl.log").read_text()
+    # The constructor's RL went through the generic trainer: one log line per step with its reward parts.
+    steps = [json.loads(line) for line in (tmp_path / "results/train/autograph_r1_rl/train_log.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2]
+
+    metrics = {(r, m): v for r, m, v in con.execute(
+        "select run_id, metric, value from evals where dataset = 'world_test'").fetchall()}
+    for run in ("autograph_r1_base", "autograph_r1_sft", "autograph_r1_rl"):
+        assert 0.0 <= metrics[run, "recall@2"] <= 1.0 and (run, "valid") in metrics
+    # The gold KG links questions to their passages; the untrained random policy writes no valid
+    # triple, so its graph ranks nothing (recall 0, every question unranked).
+    assert metrics["graph_gold", "recall@5"] > 0.3
+    assert metrics["graph_gold", "recall@5"] >= metrics["graph_gold", "recall@2"]
+    assert metrics["graph_base", "recall@5"] == 0.0 and metrics["graph_base", "unranked"] == 1.0
+    for reader in GRAPH_READERS:
+        assert (reader, "em") in metrics
+    stats = json.loads((tmp_path / "results/kg_built/base/construction.json").read_text())
+    assert stats["passages"] == pq.read_metadata(tmp_path / "results/world/passages.parquet").num_rows
+    table = (tmp_path / "results/tables/autograph_graph_recall5.md").read_text()
+    assert all(f"graph_{g}" in table for g in GRAPHS) and "±" in table
 
 
 @pytest.mark.parametrize(
