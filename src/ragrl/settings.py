@@ -62,7 +62,8 @@ class SFTArgs:
     gradient_checkpointing: bool = False
     # Batches of similar lengths (transformers' LengthGroupedSampler): rows are padded to their
     # batch's longest, so random batches of trajectories of 100-800 tokens spend a quarter to a third
-    # of the compute on padding. Off by default, as in transformers; the CPU default config turns it on.
+    # of the compute on padding. Off by default, as in transformers: where length follows the kind
+    # of example (1-hop vs multi-hop trajectories), one-kind batches can train worse (config.yaml).
     group_by_length: bool = False
     lora: bool = False
     lora_r: int = 16
