@@ -43,5 +43,7 @@ def test_sft_from_the_pretrained_base_answers_held_out_questions(tmp_path):
     metrics = json.loads((tmp_path / EVAL / "world_test/metrics.json").read_text())
     assert metrics["n"] == 100
     # Test questions are about entities no training question mentions: every right answer was
-    # read from a retrieved passage.
-    assert metrics["metrics"]["em"] > 0, metrics
+    # read from a retrieved passage. The default run's SFT model gets 0.34 (Flat index) and 0.27
+    # with BM25 (2026-11-24); gold turns whose names the policy cannot copy token for token gave
+    # 0.09, and length-grouped SFT batches 0.21: a bound at 0.15 catches such regressions, not noise.
+    assert metrics["metrics"]["em"] >= 0.15, metrics
