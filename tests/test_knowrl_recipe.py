@@ -97,7 +97,10 @@ def test_sft_data_answers_known_topics_and_refuses_unknown_ones(toy):
         assert set(mask[:start]) == {0} and set(mask[start:]) == {1}  # the prompt is never trained
         reply = r["text"][r["text"].rindex("<|im_start|>assistant"):]
         think = reply.split("<think>")[1].split("</think>")[0].strip()
-        answer = reply.split("<answer>")[1].split("</answer>")[0]
+        raw = reply.split("<answer>")[1].split("</answer>")[0]
+        # "<answer> X": the answer in the word pieces the think wrote it in (knowrl.completion)
+        assert raw.startswith(" ") and not raw.startswith("  ")
+        answer = raw.strip()
         stated = RELATION_BY_KEY[relation].sentences[0].format(h=topic, t=answer)
         if is_known(topic, 0.5):
             # The asked fact, as the document states it, and its tail as the answer.

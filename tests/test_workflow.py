@@ -110,7 +110,6 @@ def _snakemake(workdir: Path, config: dict, *args: str, timeout: float = 1800) -
     )
 
 
-@pytest.mark.integration
 def _end_to_end_config() -> dict:
     """TINY plus AutoGraph-R1 (the default config's recipe, shrunk): its constructor, the KGs it
     builds, graph_rank over them, the reader runs and KG-R1 over the built KG. One DAG for both, since
@@ -135,6 +134,7 @@ GRAPHS = ("base", "sft", "rl", "gold")
 GRAPH_READERS = [f"graph_{g}_reader" for g in GRAPHS]
 
 
+@pytest.mark.integration
 def test_workflow_runs_end_to_end(tmp_path):
     config = _end_to_end_config()
     proc = _snakemake(tmp_path, config, "--verbose")
