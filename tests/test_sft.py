@@ -269,9 +269,11 @@ def _masked_nll(model, rows, use_mask=True):
     return total / count
 
 
-def test_trl_labels_and_loss_follow_the_assistant_mask(tiny, gold_parquet, tmp_path):
+@pytest.mark.parametrize("fused", [None, True], ids=["auto-full-logits", "trl-fused"])
+def test_trl_labels_and_loss_follow_the_assistant_mask(tiny, gold_parquet, tmp_path, fused):
     rows = pq.read_table(gold_parquet).to_pylist()[:3]
-    trainer = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "work", SFTArgs(max_steps=1, batch_size=3))
+    trainer = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "work",
+                            SFTArgs(max_steps=1, batch_size=3, fused_lm_head=fused))
     # TRL 1.16 folds `assistant_masks` into labels during preparation and drops the column.
     assert set(trainer.train_dataset.column_names) == {"input_ids", "labels"}
     for r, prepared in zip(rows, trainer.train_dataset):
@@ -291,6 +293,37 @@ def test_trl_labels_and_loss_follow_the_assistant_mask(tiny, gold_parquet, tmp_p
     assert loss == pytest.approx(_masked_nll(model, rows), rel=1e-4)
     # ... and not the loss over every token (observations and prompt would change it).
     assert abs(loss - _masked_nll(model, rows, use_mask=False)) > 1e-3
+
+
+def test_full_logits_loss_matches_trl_fused_head(tiny, gold_parquet, tmp_path):
+    # The tiny vocabulary takes the plain-logits loss; it must train exactly as TRL's fused head:
+    # same loss, same gradients, same logged metrics on a real batch of gold trajectories.
+    full = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "a", SFTArgs(max_steps=1, batch_size=4))
+    fused = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "b",
+                          SFTArgs(max_steps=1, batch_size=4, fused_lm_head=True))
+    assert type(full).__name__ == "FullLogitsSFTTrainer" and type(fused).__name__ == "SFTTrainer"
+    batch = full.data_collator([full.train_dataset[i] for i in range(4)])
+    results = []
+    for trainer in (full, fused):
+        model = trainer.model.train()
+        model.zero_grad()
+        loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=None)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+        results.append((loss.item(), grads, metrics))
+    (loss_a, grads_a, metrics_a), (loss_b, grads_b, metrics_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert metrics_a.keys() == metrics_b.keys() == {"entropy", "mean_token_accuracy", "num_tokens"}
+    for key in metrics_a:
+        assert metrics_a[key] == pytest.approx(metrics_b[key], rel=1e-4), key
+    # A sum over the accumulation window's tokens divides by that count, as TRL's does.
+    n = int((batch["labels"][:, 1:] != -100).sum())
+    halved = full.compute_loss(full.model, dict(batch), num_items_in_batch=torch.tensor(2 * n)).item()
+    assert halved == pytest.approx(loss_a / 2, rel=1e-5)
 
 
 def _epoch_padding(trainer) -> tuple[list[int], int]:

@@ -44,6 +44,11 @@ class RolloutConfig:
             raise ValueError(f"rollout temperature={self.temperature} must be >= 0 and top_p={self.top_p} in (0, 1]")
 
 
+# Vocabulary size from which SFTArgs.fused_lm_head=None takes TRL's fused LM head (Qwen2.5: 151,936;
+# Llama 3: 128,256; the tiny default: 2,000).
+FUSED_LM_HEAD_MIN_VOCAB = 32_768
+
+
 @dataclass(frozen=True)
 class SFTArgs:
     epochs: float = 1.0
@@ -65,6 +70,11 @@ class SFTArgs:
     # of the compute on padding. Off by default, as in transformers: where length follows the kind
     # of example (1-hop vs multi-hop trajectories), one-kind batches can train worse (config.yaml).
     group_by_length: bool = False
+    # TRL's SFTTrainer computes the loss with its fused, tiled LM head, which never builds the
+    # (tokens x vocab) logits: that saves gigabytes at a 150k vocabulary, but at a few thousand its
+    # tile loop costs more than the logits (the default's 2,000-token vocabulary: 1.37x slower per
+    # step). None: fused above FUSED_LM_HEAD_MIN_VOCAB tokens, plain logits below.
+    fused_lm_head: bool | None = None
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ragrl.io import atomic_dir
-from ragrl.settings import DEFAULT_LORA_TARGETS, SFTArgs  # noqa: F401  (re-exported)
+from ragrl.settings import DEFAULT_LORA_TARGETS, FUSED_LM_HEAD_MIN_VOCAB, SFTArgs  # noqa: F401  (re-exported)
 
 DATA_COLUMNS = ("input_ids", "assistant_masks")
 
@@ -91,6 +91,57 @@ def sft_config(args: SFTArgs, output_dir: str | Path):
     )
 
 
+def uses_fused_lm_head(args: SFTArgs, vocab_size: int) -> bool:
+    return args.fused_lm_head if args.fused_lm_head is not None else vocab_size >= FUSED_LM_HEAD_MIN_VOCAB
+
+
+def full_logits_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None):
+    """(loss, label mask, per-label log-probabilities) of next-token prediction from full logits.
+
+    The same loss as TRL's fused LM head: the sum of -log p over the positions whose next-token
+    label is not -100, divided by `num_items_in_batch` (the trainer's count across gradient
+    accumulation) or by the number of such positions."""
+    target = labels[:, 1:]
+    mask = target != -100
+    picked = logits[:, :-1][mask].float()
+    logp = torch.log_softmax(picked, dim=-1)
+    nll = -logp.gather(-1, target[mask].unsqueeze(-1)).squeeze(-1)
+    denominator = mask.sum() if num_items_in_batch is None else num_items_in_batch
+    return nll.sum() / torch.as_tensor(denominator, device=nll.device).clamp(min=1), mask, logp
+
+
+def _full_logits_trainer_class():
+    from trl import SFTTrainer
+
+    class FullLogitsSFTTrainer(SFTTrainer):
+        """SFTTrainer whose loss reads the model's plain logits (see SFTArgs.fused_lm_head); it logs
+        the same metrics (entropy, mean_token_accuracy, num_tokens) as TRL's own compute_loss."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            mode = "train" if self.model.training else "eval"
+            model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+            outputs = model(**model_inputs, use_cache=False)
+            loss, mask, logp = full_logits_loss(outputs.logits, inputs["labels"], num_items_in_batch)
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                loss = loss * self.accelerator.num_processes  # as Trainer: DDP averages the gradients
+            with torch.no_grad():
+                logp = logp.detach()
+                gather = self.accelerator.gather_for_metrics
+                n = gather(mask.sum()).sum()
+                entropy = gather(-(logp.exp() * logp).sum()).sum()
+                correct = gather((logp.argmax(-1) == inputs["labels"][:, 1:][mask]).sum()).sum()
+                self._metrics[mode]["entropy"].append((entropy / n).item() if n > 0 else 0.0)
+                self._metrics[mode]["mean_token_accuracy"].append((correct / n).item() if n > 0 else 0.0)
+                if mode == "train":
+                    ids = inputs["input_ids"]
+                    tokens = inputs["attention_mask"].sum() if "attention_mask" in inputs else torch.tensor(ids.numel())
+                    self._total_train_tokens += gather(tokens.to(ids.device)).sum().item()
+                self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+            return (loss, outputs) if return_outputs else loss
+
+    return FullLogitsSFTTrainer
+
+
 def build_trainer(model_dir: str | Path, data_parquet: str | Path, output_dir: str | Path, args: SFTArgs):
     """An `SFTTrainer` ready to `train()`; its prepared dataset and collator can be inspected first."""
     import transformers
@@ -99,7 +150,9 @@ def build_trainer(model_dir: str | Path, data_parquet: str | Path, output_dir: s
     _quiet_progress_bars()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     config = sft_config(args, output_dir)
-    trainer = SFTTrainer(
+    vocab = transformers.AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
+    trainer_class = SFTTrainer if uses_fused_lm_head(args, vocab) else _full_logits_trainer_class()
+    trainer = trainer_class(
         model=str(model_dir),
         args=config,
         train_dataset=load_sft_dataset(data_parquet),
