@@ -540,6 +540,35 @@ def test_hf_backend_left_padding_matches_unbatched_greedy(tiny):
     assert batched == single
 
 
+def test_hf_backend_growing_cache_generates_what_transformers_cache_does(tiny, monkeypatch):
+    # The in-place KV cache must not change a single token: greedy and seeded sampling, rows of
+    # different lengths (left padding), and enough new tokens for its buffer to grow twice.
+    import ragrl.agent.generation as generation
+
+    tok, hf = tiny.tok, tiny.hf
+    prompts = [_ids(tok, "Where was Ada born?"), _ids(tok, "Velmar"), _ids(tok, "In what year was it founded? " * 3)]
+    ours = [hf.generate(prompts, 150, temperature=t, seed=7) for t in (0, 1.0)]
+    assert max(len(r) for r in ours[1]) > 64  # past the first buffer of max(2 * prompt, 64)
+    monkeypatch.setattr(generation, "growing_cache", lambda config: transformers.DynamicCache(config=config))
+    assert [hf.generate(prompts, 150, temperature=t, seed=7) for t in (0, 1.0)] == ours
+
+
+def test_growing_kv_layer_keeps_content_through_growth_and_crop():
+    from ragrl.agent.generation import _GrowingKVLayer
+
+    layer, plain = _GrowingKVLayer(), transformers.cache_utils.DynamicLayer()
+    torch.manual_seed(0)
+    for step, width in enumerate([40, 1, 1, 50, 1]):  # prefill (buffer 80), decode, a chunk past 80
+        k, v = torch.randn(2, 2, width, 4), torch.randn(2, 2, width, 4)
+        got, want = layer.update(k, v), plain.update(k, v)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), step
+        if step == 2:
+            layer.crop(-5), plain.crop(-5)
+    assert layer.get_seq_length() == plain.get_seq_length() == 88
+    assert layer._key_buf.shape[-2] > 80  # it grew
+
+
 # --------------------------------------------------------------------------- OpenAI-compatible backend
 
 
