@@ -13,13 +13,12 @@ JSON to `--out` (default stdout), a progress line per run to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 import transformers
+from benchlib import add_ab_arguments, alternating_rounds, emit_json
 
 import ragrl.agent.generation as generation
 from ragrl.agent.generation import HFGenerator
@@ -49,10 +48,8 @@ def main() -> None:
     parser.add_argument("--prompt-min", type=int, default=300)
     parser.add_argument("--prompt-max", type=int, default=1500)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="JSON file (default: stdout)")
+    add_ab_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     hf = HFGenerator.from_pretrained(args.model)
@@ -63,23 +60,17 @@ def main() -> None:
     vocab = hf.model.config.vocab_size
     lengths = torch.randint(args.prompt_min, args.prompt_max + 1, (args.batch,), generator=g).tolist()
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+    measured = alternating_rounds(list(CACHES), args.rounds, lambda name, r: run(name, hf, prompts, args))
     rounds = []
-    for r in range(args.rounds):
-        order = list(CACHES) if r % 2 == 0 else list(reversed(CACHES))
-        results, outputs = {}, {}
-        for name in order:
-            results[name], outputs[name] = run(name, hf, prompts, args)
-        results["speedup_growing_over_transformers"] = round(results["transformers"]["wall_s"]
-                                                             / results["growing"]["wall_s"], 3)
-        results["same_tokens"] = outputs["growing"] == outputs["transformers"]
-        rounds.append(results)
-    report = json.dumps({"model": args.model, "batch": args.batch, "prompt_tokens": [args.prompt_min, args.prompt_max],
-                         "new_tokens": args.new_tokens, "threads": args.threads, "torch": torch.__version__,
-                         "transformers": transformers.__version__, "rounds": rounds}, indent=2)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
-    else:
-        print(report)
+    for results in measured:
+        outputs = {name: out for name, (_, out) in results.items()}
+        row = {name: stats for name, (stats, _) in results.items()}
+        row["speedup_growing_over_transformers"] = round(row["transformers"]["wall_s"] / row["growing"]["wall_s"], 3)
+        row["same_tokens"] = outputs["growing"] == outputs["transformers"]
+        rounds.append(row)
+    emit_json({"model": args.model, "batch": args.batch, "prompt_tokens": [args.prompt_min, args.prompt_max],
+               "new_tokens": args.new_tokens, "threads": args.threads, "torch": torch.__version__,
+               "transformers": transformers.__version__, "rounds": rounds}, args.out)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ progress line per run to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from benchlib import add_ab_arguments, alternating_rounds, emit_json
 
 from ragrl.train.sft import SFTArgs, build_trainer
 
@@ -45,26 +45,16 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="the policy to fine-tune (HF directory)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", help="JSON file (default: stdout)")
+    add_ab_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rounds = []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
-            results = {m: run(m, args, Path(tmp) / f"r{r}") for m in order}
-            results["speedup_full_logits_over_fused"] = round(results["fused"]["wall_s"]
-                                                              / results["full_logits"]["wall_s"], 3)
-            results["same_loss"] = abs(results["fused"]["train_loss"] - results["full_logits"]["train_loss"]) < 1e-4
-            rounds.append(results)
-    report = json.dumps({"data": args.data, "steps": args.steps, "batch_size": args.batch_size,
-                         "threads": args.threads, "torch": torch.__version__, "rounds": rounds}, indent=2)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
-    else:
-        print(report)
+        rounds = alternating_rounds(list(MODES), args.rounds, lambda m, r: run(m, args, Path(tmp) / f"r{r}"))
+    for results in rounds:
+        results["speedup_full_logits_over_fused"] = round(results["fused"]["wall_s"] / results["full_logits"]["wall_s"], 3)
+        results["same_loss"] = abs(results["fused"]["train_loss"] - results["full_logits"]["train_loss"]) < 1e-4
+    emit_json({"data": args.data, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
+               "torch": torch.__version__, "rounds": rounds}, args.out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts (scripts/bench_kg.py, scripts/bench_retrieval.py).
+"""Helpers shared by the benchmark scripts (scripts/bench_*.py).
 
 Not part of the ragrl package: the scripts run as `python scripts/bench_x.py`, so this file is
 imported from the scripts' own directory. It holds what both benchmarks do the same way: logging
@@ -438,3 +438,28 @@ class BenchRun:
 def write_summary(out_dir: Path, md: str) -> None:
     (out_dir / "summary.md").write_text(md + "\n")
     print(md)
+
+
+# --------------------------------------------------------------------------- A/B in one process
+
+
+def add_ab_arguments(parser, rounds: int = 2) -> None:
+    """--rounds, --threads (torch intra-op; the workflow's training and evaluation jobs use 1) and --out."""
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", help="JSON file (default: stdout)")
+
+
+def alternating_rounds(names: list[str], rounds: int, measure: Callable[[str, int], Any]) -> list[dict[str, Any]]:
+    """One dict {name: measure(name, round)} per round, the order of `names` reversed every other
+    round: on a shared machine a ratio is only as good as the noise between two neighbouring runs,
+    and whichever goes first warms caches for the other."""
+    return [{name: measure(name, r) for name in (names if r % 2 == 0 else names[::-1])} for r in range(rounds)]
+
+
+def emit_json(report: dict[str, Any], out: str | None) -> None:
+    text = json.dumps(report, indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+    else:
+        print(text)

@@ -9,6 +9,7 @@ import pytest
 from ragrl.agent.environments import SearchEnvironment
 from ragrl.agent.protocol import parse_action
 from ragrl.agent.retriever_adapter import AgentRetriever
+from ragrl.retrieval import Hit
 from ragrl.retrieval.oracle import OracleRetriever
 
 
@@ -41,6 +42,30 @@ def test_each_query_gets_its_questions_passages_best_overlap_first(files):
     assert oracle.search_for(["anything"], 3, ["q9"]) == [[]]
     with pytest.raises(ValueError, match="needs the question of each query"):
         oracle.search(["Ada Lin"], 2)
+
+
+class _Fill:
+    """A real retriever's stand-in: fixed hits, best first, and the calls it got."""
+
+    def __init__(self, ids):
+        self.ids, self.calls = ids, []
+
+    def search(self, queries, topk):
+        self.calls.append((list(queries), topk))
+        return [[Hit(i, "t", "x", 1.0 - k / 10) for k, i in enumerate(self.ids[:topk])] for _ in queries]
+
+
+def test_fill_tops_a_short_gold_list_up_to_topk_without_repeats(files):
+    fill = _Fill(["p2", "p9", "p8", "p7"])
+    oracle = OracleRetriever(*files, fill=fill)
+    hits = oracle.search_for(["Where is Port Vale?", "Who employs Bo Chen?"], 3, ["q1", "q2"])
+    # Gold first (ranked as without fill), then the retriever's best that are not gold already.
+    assert [[h.id for h in hs] for hs in hits] == [["p2", "p1", "p9"], ["p3", "p4", "p2"]]
+    # An unknown question gets the retriever's hits only; a full gold list asks the retriever nothing.
+    assert [h.id for h in oracle.search_for(["x"], 2, ["nope"])[0]] == ["p2", "p9"]
+    fill.calls.clear()
+    assert [h.id for h in oracle.search_for(["Port Vale"], 2, ["q1"])[0]] == ["p2", "p1"]
+    assert fill.calls == []
 
 
 def test_missing_supporting_passage_names_the_files(files, tmp_path):

@@ -4,6 +4,12 @@ Every query of a question gets that question's supporting passages (the QA contr
 `supporting_ids`), so the row shows what a policy does with perfect evidence; the gap to its
 real-retriever row is what retrieval costs it. The passages are ranked by word overlap with the
 query, title words counting double (the hop a query asks about comes first), then cut to top-k like any retriever's hits.
+
+With a `fill` retriever (the run's own), a query whose question has fewer supporting passages
+than top-k gets the rest from it, gold first and no passage twice: a policy trained on top-k
+passages per search is then shown top-k, as always. Without it a 1-hop question's searches came
+back with one passage instead of two, and the toy's RAG-R1 policy scored below its own
+real-retriever row (0.23 against 0.27 EM, 1-hop 0.50); with it, 0.30 (1-hop 0.675).
 """
 
 from __future__ import annotations
@@ -21,16 +27,27 @@ _WORD = re.compile(r"\w+")
 class OracleRetriever:
     """`search_for(queries, topk, sample_ids)`: the supporting passages of each query's question."""
 
-    def __init__(self, passages: str | Path, qa: str | Path) -> None:
+    def __init__(self, passages: str | Path, qa: str | Path, fill=None) -> None:
         self.supporting = _ids_by_question(qa, "supporting_ids")
         self.passages = _passages_named(passages, self.supporting, f"{qa}: supporting passage")
+        self.fill = fill  # anything with search(queries, topk) -> hits, or None
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         raise ValueError("oracle retrieval answers a query from its question's supporting passages, so it "
                          "needs the question of each query (search_for with sample ids)")
 
     def search_for(self, queries: Sequence[str], topk: int, sample_ids: Sequence[str | None]) -> list[list[Hit]]:
-        return [self._hits(q, sid, topk) for q, sid in zip(queries, sample_ids, strict=True)]
+        gold = [self._hits(q, sid, topk) for q, sid in zip(queries, sample_ids, strict=True)]
+        short = [i for i, hits in enumerate(gold) if len(hits) < topk]
+        if self.fill is None or not short:
+            return gold
+        # Enough candidates that top-k remain after the gold ones are dropped from them.
+        found = self.fill.search([queries[i] for i in short], 2 * topk)
+        for i, candidates in zip(short, found, strict=True):
+            seen = {h.id for h in gold[i]}
+            extra = [h for h in candidates if str(h.id) not in seen]
+            gold[i] = gold[i] + extra[: topk - len(gold[i])]
+        return gold
 
     def _hits(self, query: str, sample_id: str | None, topk: int) -> list[Hit]:
         ids = self.supporting.get(str(sample_id), []) if sample_id is not None else []

@@ -25,7 +25,8 @@ def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: 
     """What the CLI flags name, by input kind: a passage retriever (`retriever`), a knowledge graph (`graph`).
 
     `oracle_qa`: the retriever is replaced by oracle retrieval, each query answered with its
-    question's supporting passages from `passages` (the upper-bound row of a table). `ranking`: each
+    question's supporting passages from `passages` (the upper-bound row of a table), topped up to
+    top-k from the index when the question has fewer (ragrl.retrieval.oracle). `ranking`: each
     question's passages as a ranking file orders them (a graph retriever's, ragrl.stages.graph_rag)."""
     backends: dict[str, Any] = {}
     if ranking is not None:
@@ -39,7 +40,12 @@ def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: 
 
         if passages is None:
             raise ValueError("oracle retrieval needs --passages (the corpus the supporting ids point into)")
-        backends["retriever"] = OracleRetriever(passages, oracle_qa)
+        fill = None
+        if index is not None or bm25 is not None:
+            from ragrl.retrieval.searcher import load_searcher
+
+            fill = load_searcher(index, bm25, mode, passages=passages, use_gpu=gpu)
+        backends["retriever"] = OracleRetriever(passages, oracle_qa, fill=fill)
     elif index is not None or bm25 is not None:
         from ragrl.retrieval.searcher import load_searcher
 
