@@ -82,10 +82,11 @@ class _GrowingKVLayer(transformers.cache_utils.DynamicLayer):
     """A DynamicLayer that appends into a buffer grown geometrically.
 
     transformers' DynamicLayer concatenates the whole key/value cache with each new token, so one
-    decoding step copies every cached position: on CPU that copying was 29% of an AutoGraph-R1
-    evaluation (256-token turns over 1-2k-token contexts). Here the keys and values are views of a
-    buffer that doubles when full, so a step writes one position. Anything that replaces the views
-    (crop, batch selection) is noticed by the data pointer and re-buffered on the next update.
+    decoding step copies every cached position: on CPU that copying was a quarter of an
+    AutoGraph-R1 evaluation (256-token turns over 1-2k-token contexts; docs/BENCHMARKS.md). Here
+    the keys and values are views of a buffer that doubles when full, so a step writes one
+    position. Anything that replaces the views (crop, batch selection) is noticed by the data
+    pointer and re-buffered on the next update.
     """
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:

@@ -29,6 +29,13 @@ def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: 
     top-k from the index when the question has fewer (ragrl.retrieval.oracle). `ranking`: each
     question's passages as a ranking file orders them (a graph retriever's, ragrl.stages.graph_rag)."""
     backends: dict[str, Any] = {}
+
+    def searcher():
+        from ragrl.retrieval.searcher import load_searcher
+
+        return load_searcher(index, bm25, mode, passages=passages, use_gpu=gpu)
+
+    indexed = index is not None or bm25 is not None
     if ranking is not None:
         from ragrl.retrieval.oracle import RankingRetriever
 
@@ -40,16 +47,9 @@ def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: 
 
         if passages is None:
             raise ValueError("oracle retrieval needs --passages (the corpus the supporting ids point into)")
-        fill = None
-        if index is not None or bm25 is not None:
-            from ragrl.retrieval.searcher import load_searcher
-
-            fill = load_searcher(index, bm25, mode, passages=passages, use_gpu=gpu)
-        backends["retriever"] = OracleRetriever(passages, oracle_qa, fill=fill)
-    elif index is not None or bm25 is not None:
-        from ragrl.retrieval.searcher import load_searcher
-
-        backends["retriever"] = load_searcher(index, bm25, mode, passages=passages, use_gpu=gpu)
+        backends["retriever"] = OracleRetriever(passages, oracle_qa, fill=searcher() if indexed else None)
+    elif indexed:
+        backends["retriever"] = searcher()
     if kg_url:
         from ragrl.kg.client import KGClient
 

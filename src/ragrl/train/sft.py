@@ -96,18 +96,18 @@ def uses_fused_lm_head(args: SFTArgs, vocab_size: int) -> bool:
 
 
 def full_logits_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None):
-    """(loss, label mask, per-label log-probabilities) of next-token prediction from full logits.
+    """(loss, log-probabilities at the labelled positions, their labels) of next-token prediction
+    from full logits.
 
     The same loss as TRL's fused LM head: the sum of -log p over the positions whose next-token
     label is not -100, divided by `num_items_in_batch` (the trainer's count across gradient
     accumulation) or by the number of such positions."""
-    target = labels[:, 1:]
-    mask = target != -100
-    picked = logits[:, :-1][mask].float()
-    logp = torch.log_softmax(picked, dim=-1)
-    nll = -logp.gather(-1, target[mask].unsqueeze(-1)).squeeze(-1)
-    denominator = mask.sum() if num_items_in_batch is None else num_items_in_batch
-    return nll.sum() / torch.as_tensor(denominator, device=nll.device).clamp(min=1), mask, logp
+    mask = labels[:, 1:] != -100
+    target = labels[:, 1:][mask]
+    logp = torch.log_softmax(logits[:, :-1][mask].float(), dim=-1)
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    denominator = target.numel() if num_items_in_batch is None else num_items_in_batch
+    return nll.sum() / torch.as_tensor(denominator, device=nll.device).clamp(min=1), logp, target
 
 
 def _full_logits_trainer_class():
@@ -121,21 +121,19 @@ def _full_logits_trainer_class():
             mode = "train" if self.model.training else "eval"
             model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
             outputs = model(**model_inputs, use_cache=False)
-            loss, mask, logp = full_logits_loss(outputs.logits, inputs["labels"], num_items_in_batch)
+            loss, logp, target = full_logits_loss(outputs.logits, inputs["labels"], num_items_in_batch)
             if self.args.average_tokens_across_devices and num_items_in_batch is not None:
                 loss = loss * self.accelerator.num_processes  # as Trainer: DDP averages the gradients
             with torch.no_grad():
                 logp = logp.detach()
                 gather = self.accelerator.gather_for_metrics
-                n = gather(mask.sum()).sum()
+                n = gather(torch.tensor(target.numel(), device=target.device)).sum()
                 entropy = gather(-(logp.exp() * logp).sum()).sum()
-                correct = gather((logp.argmax(-1) == inputs["labels"][:, 1:][mask]).sum()).sum()
+                correct = gather((logp.argmax(-1) == target).sum()).sum()
                 self._metrics[mode]["entropy"].append((entropy / n).item() if n > 0 else 0.0)
                 self._metrics[mode]["mean_token_accuracy"].append((correct / n).item() if n > 0 else 0.0)
-                if mode == "train":
-                    ids = inputs["input_ids"]
-                    tokens = inputs["attention_mask"].sum() if "attention_mask" in inputs else torch.tensor(ids.numel())
-                    self._total_train_tokens += gather(tokens.to(ids.device)).sum().item()
+                if mode == "train":  # sft_config never packs, so every batch has its attention mask
+                    self._total_train_tokens += gather(inputs["attention_mask"].sum()).sum().item()
                 self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
             return (loss, outputs) if return_outputs else loss
 
