@@ -72,7 +72,7 @@ class SFTArgs:
     group_by_length: bool = False
     # TRL's SFTTrainer computes the loss with its fused, tiled LM head, which never builds the
     # (tokens x vocab) logits: that saves gigabytes at a 150k vocabulary, but at a few thousand its
-    # tile loop costs more than the logits (the default's 2,000-token vocabulary: 1.39-1.42x slower
+    # tile loop costs more than the logits (the default's 2,000-token vocabulary: 1.31-1.42x slower
     # per step, docs/BENCHMARKS.md). None: fused above FUSED_LM_HEAD_MIN_VOCAB tokens, plain logits below.
     fused_lm_head: bool | None = None
     lora: bool = False
