@@ -200,6 +200,15 @@ def test_deep_nesting_is_a_400_not_a_500(service, content):
         assert httpx.post(f"{srv.url}/retrieve", json=[], timeout=10).json() == []
 
 
+def test_batch_limit_guards_http_not_in_process_calls(service, server):
+    # The SFT planner hands the in-process service every training question at once (901 > 512 on
+    # a world with more KG questions failed sft-data); over HTTP the limit still holds.
+    body = [req("get_relations_out", "John F. Kennedy")] * 9
+    assert [r["status"] for r in service.retrieve(body)] == ["success"] * 9
+    assert [r["status"] for r in service.retrieve({"requests": body})] == ["success"] * 9
+    assert httpx.post(f"{server.url}/retrieve", json=body, timeout=10).status_code == 413
+
+
 def test_client_rejected_request_raises_at_once(server):
     with KGClient(server.url, timeout=10, retries=3, backoff=5.0) as client:
         with pytest.raises(KGServiceError, match="HTTP 413"):

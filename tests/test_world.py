@@ -148,6 +148,31 @@ def test_kgqa_and_factual_rows(tiny_world):
         assert all(f in doc["text"] for f in meta["facts"])
 
 
+def test_kgqa_splits_are_topped_up_to_the_text_splits_sizes(tiny_world):
+    # #12: at least 100 test questions per dataset. Only ~60% of the text questions have an
+    # entity answer, so the KGQA splits draw more of their split's entity-answer questions.
+    manifest = json.loads((tiny_world / "manifest.json").read_text())
+    assert manifest["kgqa"]["A"]["test"] == manifest["kgqa"]["B"]["test"] >= 100
+    assert manifest["kgqa"]["A"]["train"] >= manifest["questions"]["train"]
+    entities = {e["name"]: e for e in _rows(tiny_world, "entities.parquet")}
+    by_split = {}
+    for split in ("train", "dev", "test"):
+        rows = _rows(tiny_world, f"kgqa/A/{split}.parquet")
+        questions = [r["question"] for r in rows]
+        assert len(set(questions)) == len(questions), split
+        assert len({r["id"] for r in rows}) == len(rows), split
+        # a question belongs to its topic entity's split, so no test question is trained on
+        assert {entities[r["topic_entities"][0]]["split"] for r in rows} == {split}
+        assert [r["question"] for r in _rows(tiny_world, f"kgqa/B/{split}.parquet")] == questions
+        by_split[split] = set(questions)
+    assert not by_split["train"] & (by_split["dev"] | by_split["test"])
+    # the text questions with entity answers come first, under their own ids
+    text_ids = {r["id"] for r in _rows(tiny_world, "qa/test.parquet")}
+    test_ids = [r["id"] for r in _rows(tiny_world, "kgqa/A/test.parquet")]
+    n_text = sum(i in text_ids for i in test_ids)
+    assert 0 < n_text < len(test_ids) and all(i in text_ids for i in test_ids[:n_text])
+
+
 def test_question_mix_has_every_type(tiny_world):
     types = {json.loads(r["metadata"])["type"] for r in _rows(tiny_world, "qa/train.parquet")}
     assert types == {"1hop", "bridge", "comparison"}

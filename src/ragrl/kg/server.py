@@ -37,10 +37,11 @@ In-process mode: `KGService.retrieve(...)` is the function the HTTP route calls 
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -189,11 +190,14 @@ class KGService:
         return execute(store, request.action_type, args, self.limits)
 
     def retrieve(self, body: Any) -> list[dict]:
-        """A /retrieve body (list or {"requests": list}, or KGRequest objects) -> one result dict per item."""
+        """A /retrieve body (list or {"requests": list}, or KGRequest objects) -> one result dict per item.
+
+        No batch limit here: it guards the HTTP endpoint against one client's huge body, and an
+        in-process caller (the SFT planner asks about every training question at once) is not one."""
         if isinstance(body, list) and body and all(isinstance(b, KGRequest) for b in body):
             requests = body
         else:
-            requests = parse_batch(body, self.server_limits)
+            requests = parse_batch(body, replace(self.server_limits, max_batch=sys.maxsize))
         return [self.run(r).to_dict() for r in requests]
 
     def health(self) -> dict[str, Any]:
