@@ -32,7 +32,7 @@ from ragrl.stages.agent_rl import make_rollout_fn
 from ragrl.toy.tiny_model import TinyModelSpec, build_tiny, with_prompt_text
 from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.train import advantages as adv_lib
-from ragrl.train.kg_sft_data import gold_path, kg_gold_trajectories, plan_row
+from ragrl.train.kg_sft_data import gold_path, kg_gold_trajectories, plan_row, readable_names
 from ragrl.train.rl import RLConfig, collate, sample_advantages
 
 SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
@@ -127,6 +127,37 @@ def test_gold_trajectories_drop_rows_that_would_not_fit(tiny):
     # Three tool turns cannot hold a two-hop plan (four queries) before the answer.
     _, stats = kg_gold_trajectories(rows, _engine(tiny, cfg=RolloutConfig(**{**CFG.__dict__, "max_turns": 3})), store)
     assert stats.dropped["too_many_turns"] > 0 and stats.kept + sum(stats.dropped.values()) == 24
+
+
+def test_readable_relation_names_and_their_collisions():
+    names = ["people.person.place_of_birth", "film.film.country", "location.location.country", "employer",
+             "book.written_work.author", "x.employer"]
+    # Two relations that would both read "country" keep their names, and so does one whose
+    # readable form is another relation's real name.
+    assert readable_names(names) == {"people.person.place_of_birth": "place of birth", "book.written_work.author": "author"}
+
+
+def test_readable_share_renames_whole_trajectories_but_queries_the_real_kg(tiny):
+    rows = tiny.qa["A_train"][:24]
+    store = tiny.store["A"]
+    plain, _ = kg_gold_trajectories(rows, _engine(tiny), store)
+    readable, stats = kg_gold_trajectories(rows, _engine(tiny), store, readable_share=1.0)
+    # The same rows survive: the calls reached KG A under the real names and found the answers.
+    assert [g["id"] for g in readable] == [g["id"] for g in plain] and stats.kept == len(plain)
+    dotted = [n for n in store.relation_names if "." in n]
+    for g in readable:
+        text = g["text"].split("<|im_start|>assistant", 1)[1]
+        assert not any(n in text for n in dotted), text  # listings, calls and thoughts alike
+        assert "get_entities_out(" in text
+    births = [g["text"] for g in readable if "place of birth" in g["text"]]
+    assert births and any('" place of birth")' in t for t in births)
+    # A share renames a reproducible subset of the rows.
+    half, _ = kg_gold_trajectories(rows, _engine(tiny), store, readable_share=0.5)
+    again, _ = kg_gold_trajectories(rows, _engine(tiny), store, readable_share=0.5)
+    renamed = [g["id"] for g in half if not any(n in g["text"].split("assistant", 1)[1] for n in dotted)]
+    assert 0 < len(renamed) < len(half) and [g["text"] for g in half] == [g["text"] for g in again]
+    with pytest.raises(ValueError, match="readable_share"):
+        kg_gold_trajectories(rows, _engine(tiny), store, readable_share=1.5)
 
 
 # --------------------------------------------------------------------------- RL samples

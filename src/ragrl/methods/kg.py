@@ -23,10 +23,15 @@ EVAL_COLUMNS = ("hits1", "entity_f1", "retrieval_hit")
 @dataclass(frozen=True)
 class KGOptions:
     max_hops: int = 2  # longest gold path the SFT planner looks for
+    # Share of SFT trajectories that show relations by readable names (`place of birth` for
+    # `people.person.place_of_birth`), so the policy learns to read a listing, not recall a spelling.
+    readable_relations: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_hops < 1:
             raise ValueError(f"max_hops={self.max_hops} must be >= 1")
+        if not 0.0 <= self.readable_relations <= 1.0:
+            raise ValueError(f"readable_relations={self.readable_relations} must be in [0, 1]")
 
 
 def make_environment(recipe, backends: Mapping[str, Any]):
@@ -81,7 +86,8 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     from ragrl.train.kg_sft_data import kg_gold_sft_stage
 
     return kg_gold_sft_stage(qa, policy, env, _whole_store(backends["graph"]), out, rollout_cfg=recipe.rollout,
-                             limit=limit, max_hops=recipe.options.max_hops)
+                             limit=limit, max_hops=recipe.options.max_hops,
+                             readable_share=recipe.options.readable_relations)
 
 
 def kg_gold_reason(dataset: Mapping[str, Any]) -> str | None:

@@ -13,6 +13,14 @@ A perfect agent then, per hop, lists the entity's relations and follows the righ
 Listing relations first is what lets the same agent work on another KG whose relation names
 differ (the transfer KG-R1 reports): it never has to know a relation name in advance.
 
+With `readable_share` > 0, that share of the trajectories shows every relation in a readable
+form of its own name (`people.person.place_of_birth` → `place of birth`: the last dotted segment,
+underscores as spaces), in the listings, the calls and the thoughts alike; the calls still reach
+the KG under the real name. A pretrained 3B model reads `place_of_birth` and "place of birth" as
+the same words, which is what lets KG-R1 move to another KG's vocabulary zero-shot; a policy that
+has seen only one spelling of each relation recalls that spelling instead of reading the listing.
+The readable forms come from the training KG's own names, not from any evaluation KG.
+
 Observations are what the real environment (`KGEnvironment.respond` over the KG service)
 returns, and sequences are tokenized exactly as the rollout engine tokenizes rollouts (the
 helpers of `ragrl.train.sft_data`), so SFT and RL see one format. Rows are dropped, with the
@@ -23,9 +31,10 @@ rollout budgets unchanged.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, KG_CLOSE, KG_OPEN, THINK_CLOSE, THINK_OPEN, observation
@@ -57,6 +66,41 @@ class KGPlan:
 @dataclass
 class _Draft(Draft):
     texts: list[str] = field(default_factory=list)  # the query turns of the plan, in order
+    # What reaches the KG when the trajectory shows readable names; the observation is then
+    # renamed back (canonical name → readable) before it is tokenized.
+    sent: list[str] = field(default_factory=list)
+    renames: dict[str, str] = field(default_factory=dict)
+
+
+def readable_relation(name: str) -> str:
+    """`people.person.place_of_birth` → `place of birth`; a name without dots keeps its words."""
+    return name.rsplit(".", 1)[-1].replace("_", " ").strip() or name
+
+
+def readable_names(relation_names: Iterable[str]) -> dict[str, str]:
+    """canonical → readable, for the names whose readable form is unambiguous in this KG (two
+    relations that would read alike keep their own names)."""
+    names = sorted(set(relation_names))
+    forms: dict[str, list[str]] = {}
+    for name in names:
+        forms.setdefault(readable_relation(name), []).append(name)
+    return {group[0]: form for form, group in forms.items()
+            if len(group) == 1 and form != group[0] and form not in names}
+
+
+def _rename(text: str, renames: dict[str, str]) -> str:
+    # Longest names first, so that a name that extends another is renamed whole.
+    for name in sorted(renames, key=len, reverse=True):
+        text = text.replace(name, renames[name])
+    return text
+
+
+def _shown_readable(row_id: str, share: float) -> bool:
+    # A hash of the row id, not a random draw: the same rows are renamed on every run.
+    if share <= 0:
+        return False
+    digest = hashlib.blake2b(row_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < share
 
 
 def topic_entities(row: dict) -> list[str]:
@@ -143,12 +187,16 @@ def plan_row(row: dict, store: KGStore, max_hops: int = 2) -> KGPlan | str:
 
 
 def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: KGStore, *, max_hops: int = 2,
-                         append_eos: bool = True) -> tuple[list[dict], SFTDataStats]:
+                         append_eos: bool = True, readable_share: float = 0.0) -> tuple[list[dict], SFTDataStats]:
     """Gold SFT rows under `engine`'s prompt, KG environment, tokenizer and budgets; one batched
-    environment call per turn, as in a rollout. The engine's generator is never called."""
+    environment call per turn, as in a rollout. The engine's generator is never called.
+    `readable_share`: the share of rows shown with readable relation names (module docstring)."""
+    if not 0.0 <= readable_share <= 1.0:
+        raise ValueError(f"readable_share={readable_share} must be in [0, 1]")
     env = engine.env
     stats = SFTDataStats("gold")
     drafts: list[_Draft] = []
+    renames = readable_names(store.relation_names) if readable_share > 0 else {}
     for row in qa_rows:
         stats.total += 1
         plan = plan_row(row, store, max_hops)
@@ -159,13 +207,19 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             stats.dropped["too_many_turns"] += 1  # the engine would force the answer turn instead
             continue
         prompt = engine.prompt_ids(plan.question)
-        drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=query_turns(plan)))
+        sent = query_turns(plan)
+        if _shown_readable(plan.row_id, readable_share):
+            plan = replace(plan, path=tuple((h, renames.get(r, r), t) for h, r, t in plan.path))
+            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=query_turns(plan), sent=sent,
+                                 renames=renames))
+        else:
+            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=sent, sent=sent))
 
     for turn in range(max((len(d.texts) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.texts)]
         if not active:
             continue
-        actions = [env.parse(d.texts[turn]) for d in active]
+        actions = [env.parse(d.sent[turn]) for d in active]
         infos = env.respond(actions, engine.reserved, sample_ids=[d.plan.row_id for d in active])
         for d, action, info in zip(active, actions, infos):
             _append_segment(d, _encode(engine, d.texts[turn]), engine)
@@ -178,7 +232,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             if last and d.plan.answer not in (info or ""):
                 d.dropped = "answer_not_observed"
                 continue
-            obs = _encode(engine, observation(info or ""))
+            obs = _encode(engine, observation(_rename(info or "", d.renames)))
             if len(obs) > engine.config.max_obs_tokens:
                 d.dropped = "observation_too_long"
                 continue
@@ -189,7 +243,8 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
 
 
 def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store: KGStore, out: str | Path, *,
-                      rollout_cfg=None, limit: int | None = None, max_hops: int = 2) -> dict:
+                      rollout_cfg=None, limit: int | None = None, max_hops: int = 2,
+                      readable_share: float = 0.0) -> dict:
     """Gold KG trajectories for the rows of `qa_parquet`, tokenized with the policy's tokenizer."""
     import transformers
 
@@ -197,7 +252,8 @@ def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store:
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     engine = RolloutEngine(None, tokenizer, env, rollout_cfg or RolloutConfig())
-    rows, stats = kg_gold_trajectories(read_qa_rows(qa_parquet, limit), engine, store, max_hops=max_hops)
+    rows, stats = kg_gold_trajectories(read_qa_rows(qa_parquet, limit), engine, store, max_hops=max_hops,
+                                       readable_share=readable_share)
     write_sft_data(rows, stats, out)
     _report(stats, out)
     return stats.to_dict()
