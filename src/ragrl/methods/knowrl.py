@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import random
@@ -29,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragrl.hashing import in_hashed_share
 from ragrl.methods import Method, Score
 
 REWARD_KEYS = ("format", "correct", "fact")
@@ -202,8 +202,7 @@ def options_of(recipe) -> KnowRLOptions:
 def is_known(topic: str, share: float, seed: int = 0) -> bool:
     """Whether the toy policy reads `topic`'s document: a fixed share of topics, by hash, so the
     SFT builder and the evaluation agree without sharing a file."""
-    digest = hashlib.sha256(f"{seed}\x00{topic}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < share
+    return in_hashed_share(f"{seed}\x00{topic}", share)
 
 
 def completion(think: str, answer: str) -> str:

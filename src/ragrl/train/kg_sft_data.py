@@ -31,7 +31,6 @@ rollout budgets unchanged.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +39,7 @@ from pathlib import Path
 from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, KG_CLOSE, KG_OPEN, THINK_CLOSE, THINK_OPEN, observation
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.data.qa import row_golds
+from ragrl.hashing import in_hashed_share
 from ragrl.kg.store import KGStore
 from ragrl.train.sft_data import (
     Draft,
@@ -67,9 +67,9 @@ class KGPlan:
 class _Draft(Draft):
     texts: list[str] = field(default_factory=list)  # the query turns of the plan, in order
     # What reaches the KG when the trajectory shows readable names; the observation is then
-    # renamed back (canonical name → readable) before it is tokenized.
+    # renamed (canonical name → readable) before it is tokenized.
     sent: list[str] = field(default_factory=list)
-    renames: dict[str, str] = field(default_factory=dict)
+    renames: tuple[tuple[str, str], ...] = ()
 
 
 def readable_relation(name: str) -> str:
@@ -88,19 +88,10 @@ def readable_names(relation_names: Iterable[str]) -> dict[str, str]:
             if len(group) == 1 and form != group[0] and form not in names}
 
 
-def _rename(text: str, renames: dict[str, str]) -> str:
-    # Longest names first, so that a name that extends another is renamed whole.
-    for name in sorted(renames, key=len, reverse=True):
-        text = text.replace(name, renames[name])
+def _rename(text: str, renames: Sequence[tuple[str, str]]) -> str:
+    for name, form in renames:
+        text = text.replace(name, form)
     return text
-
-
-def _shown_readable(row_id: str, share: float) -> bool:
-    # A hash of the row id, not a random draw: the same rows are renamed on every run.
-    if share <= 0:
-        return False
-    digest = hashlib.blake2b(row_id.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64 < share
 
 
 def topic_entities(row: dict) -> list[str]:
@@ -196,7 +187,9 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
     env = engine.env
     stats = SFTDataStats("gold")
     drafts: list[_Draft] = []
-    renames = readable_names(store.relation_names) if readable_share > 0 else {}
+    readable = readable_names(store.relation_names) if readable_share > 0 else {}
+    # Longest names first, so that a name that extends another is renamed whole.
+    renames = tuple(sorted(readable.items(), key=lambda item: -len(item[0])))
     for row in qa_rows:
         stats.total += 1
         plan = plan_row(row, store, max_hops)
@@ -207,13 +200,13 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             stats.dropped["too_many_turns"] += 1  # the engine would force the answer turn instead
             continue
         prompt = engine.prompt_ids(plan.question)
-        sent = query_turns(plan)
-        if _shown_readable(plan.row_id, readable_share):
-            plan = replace(plan, path=tuple((h, renames.get(r, r), t) for h, r, t in plan.path))
-            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=query_turns(plan), sent=sent,
-                                 renames=renames))
-        else:
-            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=sent, sent=sent))
+        sent = texts = query_turns(plan)
+        row_renames: tuple[tuple[str, str], ...] = ()
+        # A hash of the row id, not a random draw: the same rows are renamed on every run.
+        if readable_share > 0 and in_hashed_share(plan.row_id, readable_share):
+            plan = replace(plan, path=tuple((h, readable.get(r, r), t) for h, r, t in plan.path))
+            texts, row_renames = query_turns(plan), renames
+        drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent, renames=row_renames))
 
     for turn in range(max((len(d.texts) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.texts)]
