@@ -203,7 +203,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
         sent = texts = query_turns(plan)
         row_renames: tuple[tuple[str, str], ...] = ()
         # A hash of the row id, not a random draw: the same rows are renamed on every run.
-        if readable_share > 0 and in_hashed_share(plan.row_id, readable_share):
+        if in_hashed_share(plan.row_id, readable_share):
             plan = replace(plan, path=tuple((h, readable.get(r, r), t) for h, r, t in plan.path))
             texts, row_renames = query_turns(plan), renames
         drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent, renames=row_renames))

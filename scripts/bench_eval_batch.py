@@ -1,0 +1,82 @@
+"""Evaluation batch size: re-run evaluation jobs of a finished `make run` at several batch sizes.
+
+    python scripts/bench_eval_batch.py --run-dir RUN_DIR --sizes 25 100 --rounds 2 \
+        kg_r1_rl search_r1_rl autograph_r1_rl
+
+Each job is the command on the first line of RUN_DIR/logs/eval/<run>.log, as the workflow ran it,
+with only --batch-size and --out changed; one thread, as Snakemake gives the eval rule. Sizes run
+in alternating order per round (benchlib.alternating_rounds). Reported per job: wall and CPU time
+(benchlib.run_measured), the rollout time of each dataset (its `[done]` line, without imports and
+model load), and how many responses equal those of the first size. JSON to `--out` (default
+stdout), a progress line per job to stderr. docs/BENCHMARKS.md, "Evaluation batch size".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import tempfile
+from pathlib import Path
+
+import polars as pl
+from benchlib import add_ab_arguments, alternating_rounds, emit_json, loadavg, machine_info, ragrl_cmd, run_measured
+
+DONE = re.compile(r"^\[done\] eval \S+?/(\S+): .* in ([0-9.]+)s", re.M)
+
+
+def job_args(run_dir: Path, run: str) -> list[str]:
+    """The eval job's arguments after `ragrl`, from the first line of its log (`$ ragrl eval ...`)."""
+    first = (run_dir / "logs" / "eval" / f"{run}.log").read_text().splitlines()[0]
+    words = shlex.split(first.removeprefix("$ "))
+    if words[:2] != ["ragrl", "eval"]:
+        raise SystemExit(f"{run_dir}/logs/eval/{run}.log: first line is not a `ragrl eval` command")
+    return words[1:]
+
+
+def with_option(args: list[str], option: str, value: str) -> list[str]:
+    at = args.index(option)
+    return [*args[: at + 1], value, *args[at + 2:]]
+
+
+def measure(run: str, size: str, args, work: Path) -> dict:
+    out = work / f"{run}_b{size}"
+    cmd = ragrl_cmd(*with_option(with_option(job_args(args.run_dir, run), "--batch-size", size), "--out", str(out)))
+    result = run_measured(cmd, work / f"{run}_b{size}.log", env={"OMP_NUM_THREADS": str(args.threads),
+                                                                  "MKL_NUM_THREADS": str(args.threads)})
+    log_text = (work / f"{run}_b{size}.log").read_text()
+    result["rollout_s"] = {dataset: float(s) for dataset, s in DONE.findall(log_text)}
+    result["responses"] = {p.parent.name: pl.read_parquet(p)["response"].to_list()
+                           for p in sorted(out.glob("*/predictions.parquet"))}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", help="eval runs of the make run (logs/eval/<run>.log)")
+    parser.add_argument("--run-dir", type=Path, required=True, help="a checkout that has run `make run`")
+    parser.add_argument("--sizes", nargs="+", default=["25", "100"])
+    add_ab_arguments(parser)
+    args = parser.parse_args()
+    args.run_dir = args.run_dir.resolve()
+    os.chdir(args.run_dir)  # the job's paths are relative to its checkout
+    report = {"run_dir": str(args.run_dir), "sizes": args.sizes, "threads": args.threads,
+              "machine": machine_info(["torch", "transformers"]), "loadavg_before": loadavg(), "jobs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in args.runs:
+            rounds = alternating_rounds(args.sizes, args.rounds,
+                                        lambda size, r: measure(run, size, args, Path(tmp) / f"r{r}"))
+            for measured in rounds:
+                first = measured[args.sizes[0]]["responses"]
+                for size in args.sizes:
+                    responses = measured[size].pop("responses")
+                    measured[size]["identical_responses"] = {
+                        d: f"{sum(a == b for a, b in zip(first[d], responses[d]))}/{len(first[d])}" for d in first}
+            report["jobs"][run] = rounds
+    report["loadavg_after"] = loadavg()
+    emit_json(report, args.out)
+
+
+if __name__ == "__main__":
+    main()
