@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TypeVar
 
 from tqdm import tqdm
@@ -50,3 +50,24 @@ def _line(stream, desc: str, done: int, total: int | None, unit: str, elapsed: f
     # Slow items (a chunk of 1024 passages, an RL step) read better as seconds per item.
     speed = f"{rate:.1f} {unit}/s" if rate >= 1 or done == 0 else f"{elapsed / done:.1f} s/{unit}"
     print(f"[{tag}] {desc}: {done}{of} {unit}{pct} in {elapsed:.1f}s, {speed}", file=stream, flush=True)
+
+
+class Ticker:
+    """Progress lines for work counted as it goes, whose total is not known ahead: how many turns a
+    rollout batch takes depends on what the policy writes, and one batch of 100 KG-R1 questions is
+    a minute of generation. At most one line every `interval` seconds, so a log shows the batch
+    moving without a line per generate call; `progress` above still closes the batch."""
+
+    def __init__(self, desc: str, interval: float = 10.0, stream=None) -> None:
+        self.desc = desc
+        self.interval = interval
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = self.last = time.monotonic()
+
+    def tick(self, counts: Mapping[str, int]) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            return
+        self.last = now
+        shown = ", ".join(f"{value:,} {name}" for name, value in counts.items())
+        print(f"[progress] {self.desc}: {shown} in {now - self.start:.1f}s", file=self.stream, flush=True)

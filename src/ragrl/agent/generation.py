@@ -238,6 +238,30 @@ def cut_at_strings(ids: list[int], tokenizer, stop_strings: Sequence[str]) -> li
     return ids[:lo]
 
 
+class CountingGenerator:
+    """A Generator that counts its calls, sequences and new tokens and hands the counts to
+    `on_call` after each call: progress for a rollout, which calls `generate` once per turn, without
+    the engines knowing about logs. Other attributes (tokenizer, model, device) are the wrapped
+    generator's."""
+
+    def __init__(self, inner: Generator, on_call) -> None:
+        self.inner = inner
+        self.on_call = on_call
+        self.counts = {"generate calls": 0, "sequences": 0, "new tokens": 0}
+
+    def generate(self, batch_token_ids, max_new_tokens, *args, **kwargs) -> list[list[int]]:
+        # Arguments pass through as given: callers and scripted generators differ in what they name.
+        out = self.inner.generate(batch_token_ids, max_new_tokens, *args, **kwargs)
+        self.counts["generate calls"] += 1
+        self.counts["sequences"] += len(out)
+        self.counts["new tokens"] += sum(map(len, out))
+        self.on_call(dict(self.counts))
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 # --------------------------------------------------------------------------- OpenAI-compatible (vLLM)
 
 

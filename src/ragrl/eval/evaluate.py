@@ -77,7 +77,9 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     interval, as a metric undefined for that question). `group_of(row)` names each question's
     group in "by_type" instead of its `metadata.type`. Returns the metrics.json object.
     """
+    from ragrl.agent.generation import CountingGenerator
     from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+    from ragrl.progress import Ticker
 
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
@@ -85,11 +87,13 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     if temperature is not None:
         cfg = dataclasses.replace(cfg, temperature=temperature)
     generator, tokenizer = _policy(model_dir, generator, tokenizer, device, dtype)
+    desc = f"eval {run_id}/{dataset}"
+    # Lines within a batch too: one batch of 100 questions can be a minute of generation.
+    generator = CountingGenerator(generator, Ticker(desc).tick)
     engine = (make_engine or RolloutEngine)(generator, tokenizer, env, cfg)
 
     rows = _read_questions(qa_parquet, max_questions, row_columns)
-    predictions = run_predictions(engine, rows, batch_size, desc=f"eval {run_id}/{dataset}", extra_metrics=extra_metrics,
-                                  group_of=group_of)
+    predictions = run_predictions(engine, rows, batch_size, desc=desc, extra_metrics=extra_metrics, group_of=group_of)
     metrics = summarize(predictions, run_id, dataset, extra_columns)
     out_dir = Path(out_dir)
     schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in extra_columns)])
