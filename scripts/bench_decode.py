@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import shlex
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import transformers
-from benchlib import emit_json, machine_info
+from benchlib import emit_json, logged_command, machine_info, with_option
 
 from ragrl.agent import generation
 
@@ -33,7 +33,7 @@ def eval_split(log: str, dataset: str) -> dict:
     """Prefill and decode time of the logged eval command's rollouts on `dataset`."""
     from ragrl.cli import main
 
-    argv = shlex.split(open(log).readline().removeprefix("$ ragrl "))
+    argv = logged_command(Path(log), "eval")
     # --qa, --kg and --kg-mode pair with --dataset by position (ragrl.cli): keep the asked one's block
     blocks, rest, i = {}, [], 0
     while i < len(argv):
@@ -48,8 +48,7 @@ def eval_split(log: str, dataset: str) -> dict:
             i += 1
     if dataset not in blocks:
         raise SystemExit(f"{log}: no --dataset {dataset} in its command (has {sorted(blocks)})")
-    out_dir = tempfile.mkdtemp(prefix="bench-decode-")
-    rest[rest.index("--out") + 1] = out_dir
+    rest = with_option(rest, "--out", tempfile.mkdtemp(prefix="bench-decode-"))
     stats = collections.defaultdict(lambda: {"calls": 0, "s": 0.0, "tokens": 0})
     padded = {"prompt_tokens": 0, "pad_tokens": 0}
     inner = generation.HFGenerator._generate_chunk

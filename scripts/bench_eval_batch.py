@@ -16,33 +16,20 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import tempfile
 from pathlib import Path
 
 import polars as pl
-from benchlib import add_ab_arguments, alternating_rounds, emit_json, loadavg, machine_info, ragrl_cmd, run_measured
+from benchlib import (add_ab_arguments, alternating_rounds, emit_json, loadavg, logged_command, machine_info, ragrl_cmd,
+                      run_measured, with_option)
 
 DONE = re.compile(r"^\[done\] eval \S+?/(\S+): .* in ([0-9.]+)s", re.M)
 
 
-def job_args(run_dir: Path, run: str) -> list[str]:
-    """The eval job's arguments after `ragrl`, from the first line of its log (`$ ragrl eval ...`)."""
-    first = (run_dir / "logs" / "eval" / f"{run}.log").read_text().splitlines()[0]
-    words = shlex.split(first.removeprefix("$ "))
-    if words[:2] != ["ragrl", "eval"]:
-        raise SystemExit(f"{run_dir}/logs/eval/{run}.log: first line is not a `ragrl eval` command")
-    return words[1:]
-
-
-def with_option(args: list[str], option: str, value: str) -> list[str]:
-    at = args.index(option)
-    return [*args[: at + 1], value, *args[at + 2:]]
-
-
 def measure(run: str, size: str, args, work: Path) -> dict:
     out = work / f"{run}_b{size}"
-    cmd = ragrl_cmd(*with_option(with_option(job_args(args.run_dir, run), "--batch-size", size), "--out", str(out)))
+    logged = logged_command(args.run_dir / "logs" / "eval" / f"{run}.log", "eval")
+    cmd = ragrl_cmd(*with_option(with_option(logged, "--batch-size", size), "--out", str(out)))
     result = run_measured(cmd, work / f"{run}_b{size}.log", env={"OMP_NUM_THREADS": str(args.threads),
                                                                   "MKL_NUM_THREADS": str(args.threads)})
     log_text = (work / f"{run}_b{size}.log").read_text()

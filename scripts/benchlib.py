@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import shutil
 import socket
 import subprocess
@@ -56,6 +57,22 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def ragrl_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ragrl", *args]
+
+
+def logged_command(log: Path, subcommand: str) -> list[str]:
+    """The arguments after `ragrl` of the command a workflow job logged on its log's first line
+    (`$ ragrl <subcommand> ...`), to re-run it with some options changed (`with_option`)."""
+    with open(log) as f:
+        words = shlex.split(f.readline().removeprefix("$ "))
+    if words[:2] != ["ragrl", subcommand]:
+        raise SystemExit(f"{log}: first line is not a `ragrl {subcommand}` command")
+    return words[1:]
+
+
+def with_option(args: list[str], option: str, value: str) -> list[str]:
+    """`args` with the value of `option` (given once) replaced."""
+    at = args.index(option)
+    return [*args[: at + 1], value, *args[at + 2:]]
 
 
 # --------------------------------------------------------------------------- /proc
