@@ -30,16 +30,15 @@ def progress(
     if stream.isatty():
         yield from tqdm(items, desc=desc, total=total, unit=unit, file=stream)
         return
-    start = last = time.monotonic()
+    ticker = Ticker(desc, interval, stream)
     done = 0
     for item in items:
         yield item
         done += 1
-        now = time.monotonic()
-        if now - last >= interval:
-            last = now
-            _line(stream, desc, done, total, unit, now - start)
-    _line(stream, desc, done, total, unit, time.monotonic() - start, final=True)
+        elapsed = ticker.due()
+        if elapsed is not None:
+            _line(stream, desc, done, total, unit, elapsed)
+    _line(stream, desc, done, total, unit, ticker.elapsed(), final=True)
 
 
 def _line(stream, desc: str, done: int, total: int | None, unit: str, elapsed: float, final: bool = False) -> None:
@@ -56,7 +55,7 @@ class Ticker:
     """Progress lines for work counted as it goes, whose total is not known ahead: how many turns a
     rollout batch takes depends on what the policy writes, and one batch of 100 KG-R1 questions is
     a minute of generation. At most one line every `interval` seconds, so a log shows the batch
-    moving without a line per generate call; `progress` above still closes the batch."""
+    moving without a line per generate call. `progress` above keeps its pace with one."""
 
     def __init__(self, desc: str, interval: float = 10.0, stream=None) -> None:
         self.desc = desc
@@ -64,10 +63,19 @@ class Ticker:
         self.stream = stream if stream is not None else sys.stderr
         self.start = self.last = time.monotonic()
 
-    def tick(self, counts: Mapping[str, int]) -> None:
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def due(self) -> float | None:
+        """The seconds since the start when a line is due (at least `interval` since the last), else None."""
         now = time.monotonic()
         if now - self.last < self.interval:
-            return
+            return None
         self.last = now
-        shown = ", ".join(f"{value:,} {name}" for name, value in counts.items())
-        print(f"[progress] {self.desc}: {shown} in {now - self.start:.1f}s", file=self.stream, flush=True)
+        return now - self.start
+
+    def tick(self, counts: Mapping[str, int]) -> None:
+        elapsed = self.due()
+        if elapsed is not None:
+            shown = ", ".join(f"{value:,} {name}" for name, value in counts.items())
+            print(f"[progress] {self.desc}: {shown} in {elapsed:.1f}s", file=self.stream, flush=True)
