@@ -160,6 +160,22 @@ def test_readable_share_renames_whole_trajectories_but_queries_the_real_kg(tiny)
         kg_gold_trajectories(rows, _engine(tiny), store, readable_share=1.5)
 
 
+def test_readable_copies_keep_every_plain_row_and_add_the_renamed_ones(tiny):
+    rows = tiny.qa["A_train"][:24]
+    store = tiny.store["A"]
+    plain, _ = kg_gold_trajectories(rows, _engine(tiny), store)
+    replaced, _ = kg_gold_trajectories(rows, _engine(tiny), store, readable_share=0.5)
+    both, stats = kg_gold_trajectories(rows, _engine(tiny), store, readable_share=0.5, readable_copies=True)
+    by_id = {g["id"]: g["text"] for g in both}
+    # Every plain row is there unchanged; each renamed row of the replacing mode is added under
+    # its own id, so the training KG's spelling is seen for every question.
+    assert all(by_id[g["id"]] == g["text"] for g in plain)
+    renamed = {g["id"]: g["text"] for g, p in zip(replaced, plain) if g["text"] != p["text"]}
+    assert renamed and {f"{i}#readable": t for i, t in renamed.items()} == {
+        i: t for i, t in by_id.items() if i.endswith("#readable")}
+    assert len(both) == len(plain) + len(renamed) and stats.kept == stats.total == len(both)
+
+
 # --------------------------------------------------------------------------- RL samples
 
 

@@ -26,12 +26,17 @@ class KGOptions:
     # Share of SFT trajectories that show relations by readable names (`place of birth` for
     # `people.person.place_of_birth`), so the policy learns to read a listing, not recall a spelling.
     readable_relations: float = 0.0
+    # True: those trajectories are added in readable form beside their plain form, instead of
+    # replacing it, so the training KG's own spelling keeps every row.
+    readable_copies: bool = False
 
     def __post_init__(self) -> None:
         if self.max_hops < 1:
             raise ValueError(f"max_hops={self.max_hops} must be >= 1")
         if not 0.0 <= self.readable_relations <= 1.0:
             raise ValueError(f"readable_relations={self.readable_relations} must be in [0, 1]")
+        if not isinstance(self.readable_copies, bool):
+            raise ValueError(f"readable_copies={self.readable_copies!r} must be true or false")
 
 
 def make_environment(recipe, backends: Mapping[str, Any]):
@@ -87,7 +92,8 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
 
     return kg_gold_sft_stage(qa, policy, env, _whole_store(backends["graph"]), out, rollout_cfg=recipe.rollout,
                              limit=limit, max_hops=recipe.options.max_hops,
-                             readable_share=recipe.options.readable_relations)
+                             readable_share=recipe.options.readable_relations,
+                             readable_copies=recipe.options.readable_copies)
 
 
 def kg_gold_reason(dataset: Mapping[str, Any]) -> str | None:

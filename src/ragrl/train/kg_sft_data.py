@@ -178,10 +178,12 @@ def plan_row(row: dict, store: KGStore, max_hops: int = 2) -> KGPlan | str:
 
 
 def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: KGStore, *, max_hops: int = 2,
-                         append_eos: bool = True, readable_share: float = 0.0) -> tuple[list[dict], SFTDataStats]:
+                         append_eos: bool = True, readable_share: float = 0.0,
+                         readable_copies: bool = False) -> tuple[list[dict], SFTDataStats]:
     """Gold SFT rows under `engine`'s prompt, KG environment, tokenizer and budgets; one batched
     environment call per turn, as in a rollout. The engine's generator is never called.
-    `readable_share`: the share of rows shown with readable relation names (module docstring)."""
+    `readable_share`: the share of rows shown with readable relation names (module docstring);
+    with `readable_copies` those rows are shown both ways, as two SFT rows."""
     if not 0.0 <= readable_share <= 1.0:
         raise ValueError(f"readable_share={readable_share} must be in [0, 1]")
     env = engine.env
@@ -201,12 +203,17 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             continue
         prompt = engine.prompt_ids(plan.question)
         sent = texts = query_turns(plan)
-        row_renames: tuple[tuple[str, str], ...] = ()
         # A hash of the row id, not a random draw: the same rows are renamed on every run.
-        if in_hashed_share(plan.row_id, readable_share):
-            plan = replace(plan, path=tuple((h, readable.get(r, r), t) for h, r, t in plan.path))
-            texts, row_renames = query_turns(plan), renames
-        drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent, renames=row_renames))
+        if not in_hashed_share(plan.row_id, readable_share):
+            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent))
+            continue
+        if readable_copies:
+            stats.total += 1  # each copy is a trajectory of its own, kept or dropped on its own
+            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent))
+        shown = replace(plan, path=tuple((h, readable.get(r, r), t) for h, r, t in plan.path),
+                        row_id=f"{plan.row_id}#readable" if readable_copies else plan.row_id)
+        drafts.append(_Draft(shown, list(prompt), [0] * len(prompt), texts=query_turns(shown), sent=sent,
+                             renames=renames))
 
     for turn in range(max((len(d.texts) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.texts)]
@@ -237,7 +244,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
 
 def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store: KGStore, out: str | Path, *,
                       rollout_cfg=None, limit: int | None = None, max_hops: int = 2,
-                      readable_share: float = 0.0) -> dict:
+                      readable_share: float = 0.0, readable_copies: bool = False) -> dict:
     """Gold KG trajectories for the rows of `qa_parquet`, tokenized with the policy's tokenizer."""
     import transformers
 
@@ -246,7 +253,7 @@ def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store:
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     engine = RolloutEngine(None, tokenizer, env, rollout_cfg or RolloutConfig())
     rows, stats = kg_gold_trajectories(read_qa_rows(qa_parquet, limit), engine, store, max_hops=max_hops,
-                                       readable_share=readable_share)
+                                       readable_share=readable_share, readable_copies=readable_copies)
     write_sft_data(rows, stats, out)
     _report(stats, out)
     return stats.to_dict()
