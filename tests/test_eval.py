@@ -160,6 +160,30 @@ def test_no_retrieval_baseline_answers_at_once(tiny, tmp_path):
         environment(parse_recipe({"env": "search"}, "r"), {})
 
 
+def test_evaluation_logs_progress_within_a_batch(tiny, tmp_path, capsys, monkeypatch):
+    """evaluate() counts every generate call of a rollout batch and reports the counts on its
+    progress line (rate-limited to one per 10 s in a job; every call here)."""
+    import ragrl.progress
+
+    class EveryCall(ragrl.progress.Ticker):
+        def __init__(self, desc, interval=10.0, stream=None):
+            super().__init__(desc, 0.0, stream)
+
+    monkeypatch.setattr(ragrl.progress, "Ticker", EveryCall)
+    path, questions = _qa(tiny, [["a"], ["b"], ["c"]])
+    answers = {q: f"<think>t</think>\n<answer>{a}</answer>" for q, a in zip(questions, "abc")}
+    policy = ScriptedPolicy(tiny.tok, lambda question, response: answers[question])
+    closed_book = get_method("none")
+    evaluate(None, path, closed_book.make_environment(None, {}), tmp_path / "p", run_id="r1", dataset="toy",
+             rollout_cfg=closed_book.eval_rollout(_Cfg()), generator=policy, tokenizer=tiny.tok, batch_size=2)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[progress] eval r1/toy: ")]
+    tokens = [len(tiny.tok.encode(answers[q], add_special_tokens=False)) for q in questions]
+    # Two batches (2 + 1 questions), one turn each: the counts run on across batches.
+    assert [re.sub(r" in [0-9.]+s$", "", x) for x in lines if "generate calls" in x] == [
+        f"[progress] eval r1/toy: 1 generate calls, 2 sequences, {sum(tokens[:2])} new tokens",
+        f"[progress] eval r1/toy: 2 generate calls, 3 sequences, {sum(tokens)} new tokens"]
+
+
 def test_evaluate_a_saved_model_greedily(tiny, tmp_path):
     qa = tiny.root / "world" / "qa" / "test.parquet"
     cfg = RolloutConfig(max_turns=1, max_turn_tokens=12, max_obs_tokens=256)
