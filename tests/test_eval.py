@@ -160,7 +160,7 @@ def test_no_retrieval_baseline_answers_at_once(tiny, tmp_path):
         environment(parse_recipe({"env": "search"}, "r"), {})
 
 
-def test_evaluation_logs_progress_within_a_batch(tiny, tmp_path, capsys, monkeypatch):
+def test_evaluation_progress_lines_carry_the_generation_counts(tiny, tmp_path, capsys, monkeypatch):
     """evaluate() counts every generate call of a rollout batch and reports the counts on its
     progress line (rate-limited to one per 10 s in a job; every call here)."""
     import ragrl.progress
@@ -180,8 +180,8 @@ def test_evaluation_logs_progress_within_a_batch(tiny, tmp_path, capsys, monkeyp
     tokens = [len(tiny.tok.encode(answers[q], add_special_tokens=False)) for q in questions]
     # Two batches (2 + 1 questions), one turn each: the counts run on across batches.
     assert [re.sub(r" in [0-9.]+s$", "", x) for x in lines if "generate calls" in x] == [
-        f"[progress] eval r1/toy: 1 generate calls, 2 sequences, {sum(tokens[:2])} new tokens",
-        f"[progress] eval r1/toy: 2 generate calls, 3 sequences, {sum(tokens)} new tokens"]
+        f"[progress] eval r1/toy: 1 generate calls, 2 sequences, {sum(tokens[:2]):,} new tokens",
+        f"[progress] eval r1/toy: 2 generate calls, 3 sequences, {sum(tokens):,} new tokens"]
 
 
 def test_evaluate_a_saved_model_greedily(tiny, tmp_path):

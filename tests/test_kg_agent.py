@@ -170,10 +170,27 @@ def test_readable_copies_keep_every_plain_row_and_add_the_renamed_ones(tiny):
     # Every plain row is there unchanged; each renamed row of the replacing mode is added under
     # its own id, so the training KG's spelling is seen for every question.
     assert all(by_id[g["id"]] == g["text"] for g in plain)
+    assert [g["id"] for g in replaced] == [p["id"] for p in plain]
     renamed = {g["id"]: g["text"] for g, p in zip(replaced, plain) if g["text"] != p["text"]}
     assert renamed and {f"{i}#readable": t for i, t in renamed.items()} == {
         i: t for i, t in by_id.items() if i.endswith("#readable")}
     assert len(both) == len(plain) + len(renamed) and stats.kept == stats.total == len(both)
+
+
+def test_the_kg_method_hands_its_readable_options_to_the_sft_data(tiny, tmp_path):
+    qa = tmp_path / "qa.parquet"
+    pq.write_table(pa.Table.from_pylist(tiny.qa["A_train"][:24]), qa)
+    backends = {"graph": tiny.backend["A"]}
+    ids = {}
+    for copies in (False, True):
+        recipe = parse_recipe({"env": "kg", "options": {"readable_relations": 0.5, "readable_copies": copies}}, "k")
+        out = tmp_path / f"sft_{copies}.parquet"
+        recipe.method.gold_sft(recipe, qa, tiny.model_dir, recipe.method.make_environment(recipe, backends),
+                               backends, out)
+        ids[copies] = pq.read_table(out).column("id").to_pylist()
+    added = [i for i in ids[True] if i.endswith("#readable")]
+    assert added and not any(i.endswith("#readable") for i in ids[False])
+    assert sorted(i for i in ids[True] if i not in added) == sorted(ids[False])
 
 
 # --------------------------------------------------------------------------- RL samples
@@ -241,6 +258,9 @@ def test_subgraph_mode_serves_each_trajectory_its_own_question(tiny):
     trajs = RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, KGEnvironment(sub), CFG).run_questions(
         [by_id[g["id"]]["question"] for g in gold_sub], n=1, sample_ids=[g["id"] for g in gold_sub])
     assert [t.prompt_ids + t.response_ids for t in trajs] == [g["input_ids"][:-1] for g in gold_sub]
+    # Readable copies ask the KG under their question's id, not their own row id.
+    copies, stats = kg_gold_trajectories(rows, engine, store, readable_share=0.5, readable_copies=True)
+    assert stats.kept == stats.total > len(gold_sub) and any(g["id"].endswith("#readable") for g in copies)
     # Without its question id a subgraph-mode call is a pipeline error, not an observation.
     with pytest.raises(Exception, match="sample"):
         RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, KGEnvironment(sub), CFG).run_questions(

@@ -70,6 +70,9 @@ class _Draft(Draft):
     # renamed (canonical name → readable) before it is tokenized.
     sent: list[str] = field(default_factory=list)
     renames: tuple[tuple[str, str], ...] = ()
+    # The question id the KG knows (in subgraph mode it picks the question's subgraph); a readable
+    # copy's own row id carries a suffix.
+    question_id: str = ""
 
 
 def readable_relation(name: str) -> str:
@@ -183,7 +186,8 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
     """Gold SFT rows under `engine`'s prompt, KG environment, tokenizer and budgets; one batched
     environment call per turn, as in a rollout. The engine's generator is never called.
     `readable_share`: the share of rows shown with readable relation names (module docstring);
-    with `readable_copies` those rows are shown both ways, as two SFT rows."""
+    with `readable_copies` those rows are shown both ways, as two SFT rows (the copy's id is
+    `<row id>#readable`), and the stats count trajectories: `total` = questions + copies."""
     if not 0.0 <= readable_share <= 1.0:
         raise ValueError(f"readable_share={readable_share} must be in [0, 1]")
     env = engine.env
@@ -205,22 +209,24 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
         sent = texts = query_turns(plan)
         # A hash of the row id, not a random draw: the same rows are renamed on every run.
         if not in_hashed_share(plan.row_id, readable_share):
-            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent))
+            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent,
+                                 question_id=plan.row_id))
             continue
         if readable_copies:
             stats.total += 1  # each copy is a trajectory of its own, kept or dropped on its own
-            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent))
+            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent,
+                                 question_id=plan.row_id))
         shown = replace(plan, path=tuple((h, readable.get(r, r), t) for h, r, t in plan.path),
                         row_id=f"{plan.row_id}#readable" if readable_copies else plan.row_id)
         drafts.append(_Draft(shown, list(prompt), [0] * len(prompt), texts=query_turns(shown), sent=sent,
-                             renames=renames))
+                             renames=renames, question_id=plan.row_id))
 
     for turn in range(max((len(d.texts) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.texts)]
         if not active:
             continue
         actions = [env.parse(d.sent[turn]) for d in active]
-        infos = env.respond(actions, engine.reserved, sample_ids=[d.plan.row_id for d in active])
+        infos = env.respond(actions, engine.reserved, sample_ids=[d.question_id for d in active])
         for d, action, info in zip(active, actions, infos):
             _append_segment(d, _encode(engine, d.texts[turn]), engine)
             if d.dropped is not None:
