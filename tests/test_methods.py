@@ -113,6 +113,8 @@ def test_parse_recipe_checks_every_section_with_values():
         parse_recipe({"env": "kg", "options": {"max_hops": 0}}, "x")
     with pytest.raises(ValueError, match="recipes.x.options'.*readable_copies='yes' must be true or false"):
         parse_recipe({"env": "kg", "options": {"readable_copies": "yes"}}, "x")
+    with pytest.raises(ValueError, match="recipes.x.rollout'.*forced_answer_prefill=0 must be true or false"):
+        parse_recipe({"env": "search", "rollout": {"forced_answer_prefill": 0}}, "x")
     with pytest.raises(ValueError, match="rl.backend'.*'verl' is not supported by method 'kg'"):
         parse_recipe({"env": "kg", "rl": {"backend": "verl"}}, "x")
     recipe = parse_recipe({"env": "search", "sft": {"source": "import", "import": {"path": "x.json"}}}, "x")

@@ -68,11 +68,21 @@ class Recipe:
         return self.sft.get("source") or ("gold" if self.method.gold_sft else "teacher")
 
 
+# A dataclass field's annotation, as written (the settings modules use postponed annotations).
+_BOOL_TYPES = {"bool": False, bool: False, "bool | None": True}
+
+
 def _build(cls, values: dict, key: str):
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(names)}")
+        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(fields)}")
+    # A flag of a free-form section (a method's `options`, which the JSON schema cannot type) must be
+    # a real boolean: "no" or 0 would otherwise pass as a truthy or falsy setting.
+    for name, value in values.items():
+        nullable = _BOOL_TYPES.get(fields[name].type)
+        if nullable is not None and not isinstance(value, bool) and not (nullable and value is None):
+            raise ValueError(f"config key '{key}': {name}={value!r} must be true or false")
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:

@@ -35,8 +35,6 @@ class KGOptions:
             raise ValueError(f"max_hops={self.max_hops} must be >= 1")
         if not 0.0 <= self.readable_relations <= 1.0:
             raise ValueError(f"readable_relations={self.readable_relations} must be in [0, 1]")
-        if not isinstance(self.readable_copies, bool):
-            raise ValueError(f"readable_copies={self.readable_copies!r} must be true or false")
 
 
 def make_environment(recipe, backends: Mapping[str, Any]):

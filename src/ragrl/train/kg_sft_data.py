@@ -206,20 +206,19 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             stats.dropped["too_many_turns"] += 1  # the engine would force the answer turn instead
             continue
         prompt = engine.prompt_ids(plan.question)
-        sent = texts = query_turns(plan)
         # A hash of the row id, not a random draw: the same rows are renamed on every run.
-        if not in_hashed_share(plan.row_id, readable_share):
-            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent,
-                                 question_id=plan.row_id))
-            continue
-        if readable_copies:
-            stats.total += 1  # each copy is a trajectory of its own, kept or dropped on its own
-            drafts.append(_Draft(plan, list(prompt), [0] * len(prompt), texts=texts, sent=sent,
-                                 question_id=plan.row_id))
-        shown = replace(plan, path=tuple((h, readable.get(r, r), t) for h, r, t in plan.path),
-                        row_id=f"{plan.row_id}#readable" if readable_copies else plan.row_id)
-        drafts.append(_Draft(shown, list(prompt), [0] * len(prompt), texts=query_turns(shown), sent=sent,
-                             renames=renames, question_id=plan.row_id))
+        renamed = in_hashed_share(plan.row_id, readable_share)
+        shown: list[tuple[KGPlan, tuple[tuple[str, str], ...]]] = []
+        if not renamed or readable_copies:
+            shown.append((plan, ()))
+        if renamed:
+            shown.append((replace(plan, path=tuple((h, readable.get(r, r), t) for h, r, t in plan.path),
+                                  row_id=f"{plan.row_id}#readable" if readable_copies else plan.row_id), renames))
+        stats.total += len(shown) - 1  # a copy is a trajectory of its own, kept or dropped on its own
+        sent = query_turns(plan)  # what reaches the KG: always its real names
+        for shown_plan, row_renames in shown:
+            drafts.append(_Draft(shown_plan, list(prompt), [0] * len(prompt), texts=query_turns(shown_plan),
+                                 sent=sent, renames=row_renames, question_id=plan.row_id))
 
     for turn in range(max((len(d.texts) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.texts)]
