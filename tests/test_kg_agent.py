@@ -96,9 +96,10 @@ def test_gold_path_is_the_shortest_outgoing_chain():
     assert gold_path(store, "a", [{"text": "zzz", "kb_id": "d"}]) is not None  # kb_id alone finds it
 
 
-def test_gold_kg_trajectories_are_what_the_engine_produces_and_earn_full_reward(tiny):
+@pytest.mark.parametrize("restate", [False, True])
+def test_gold_kg_trajectories_are_what_the_engine_produces_and_earn_full_reward(tiny, restate):
     rows = tiny.qa["A_train"][:24]
-    gold, stats = kg_gold_trajectories(rows, _engine(tiny), tiny.store["A"])
+    gold, stats = kg_gold_trajectories(rows, _engine(tiny), tiny.store["A"], restate_question=restate)
     assert stats.total == 24 and stats.kept == len(gold) >= 20, stats.to_dict()
     hops = {len(plan_row(r, tiny.store["A"]).path) for r in rows}
     assert hops == {1, 2}
@@ -177,6 +178,24 @@ def test_readable_copies_keep_every_plain_row_and_add_the_renamed_ones(tiny):
     assert len(both) == len(plain) + len(renamed) and stats.kept == stats.total == len(both)
 
 
+def test_restated_questions_open_every_relation_choice_and_change_nothing_else(tiny):
+    rows = tiny.qa["A_train"][:24]
+    store = tiny.store["A"]
+    plain, _ = kg_gold_trajectories(rows, _engine(tiny), store)
+    restated, stats = kg_gold_trajectories(rows, _engine(tiny), store, restate_question=True)
+    assert [g["id"] for g in restated] == [g["id"] for g in plain] and stats.kept == len(plain)
+    questions = {r["id"]: r["question"] for r in rows}
+    for g, p in zip(restated, plain):
+        opened = f"<think>{questions[g['id']]} "
+        thoughts = g["text"].split("<|im_start|>assistant", 1)[1].split("<think>")[1:]
+        # Every thought that names the relation to follow opens with the question, and only those;
+        # without the restatement the row is the plain one, calls and observations alike.
+        choosing = [t for t in thoughts if " has the relation " in t]
+        assert choosing and all(t.startswith(questions[g["id"]] + " ") for t in choosing)
+        assert sum(t.startswith(questions[g["id"]]) for t in thoughts) == len(choosing)
+        assert g["text"].replace(opened, "<think>") == p["text"]
+
+
 def test_the_kg_method_hands_its_readable_options_to_the_sft_data(tiny, tmp_path):
     qa = tmp_path / "qa.parquet"
     pq.write_table(pa.Table.from_pylist(tiny.qa["A_train"][:24]), qa)
@@ -191,6 +210,12 @@ def test_the_kg_method_hands_its_readable_options_to_the_sft_data(tiny, tmp_path
     added = [i for i in ids[True] if i.endswith("#readable")]
     assert added and not any(i.endswith("#readable") for i in ids[False])
     assert sorted(i for i in ids[True] if i not in added) == sorted(ids[False])
+    recipe = parse_recipe({"env": "kg", "options": {"restate_question": True}}, "k")
+    out = tmp_path / "sft_restated.parquet"
+    recipe.method.gold_sft(recipe, qa, tiny.model_dir, recipe.method.make_environment(recipe, backends), backends, out)
+    rows = pq.read_table(out).to_pylist()
+    questions = {r["id"]: r["question"] for r in tiny.qa["A_train"][:24]}
+    assert rows and all(f"<think>{questions[r['id']]} " in r["text"] for r in rows)
 
 
 # --------------------------------------------------------------------------- RL samples

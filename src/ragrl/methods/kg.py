@@ -29,6 +29,8 @@ class KGOptions:
     # True: those trajectories are added in readable form beside their plain form, instead of
     # replacing it, so the training KG's own spelling keeps every row.
     readable_copies: bool = False
+    # True: the SFT thought that picks a relation opens with the question (kg_sft_data.query_turns).
+    restate_question: bool = False
 
     def __post_init__(self) -> None:
         if self.max_hops < 1:
@@ -91,7 +93,8 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     return kg_gold_sft_stage(qa, policy, env, _whole_store(backends["graph"]), out, rollout_cfg=recipe.rollout,
                              limit=limit, max_hops=recipe.options.max_hops,
                              readable_share=recipe.options.readable_relations,
-                             readable_copies=recipe.options.readable_copies)
+                             readable_copies=recipe.options.readable_copies,
+                             restate_question=recipe.options.restate_question)
 
 
 def kg_gold_reason(dataset: Mapping[str, Any]) -> str | None:

@@ -21,6 +21,11 @@ the same words, which is what lets KG-R1 move to another KG's vocabulary zero-sh
 has seen only one spelling of each relation recalls that spelling instead of reading the listing.
 The readable forms come from the training KG's own names, not from any evaluation KG.
 
+With `restate_question`, the thought that names the relation to follow opens with the question,
+copied. A 1.1M policy picks the relation from the question's words ("born", "attend"); placed a
+listing and a turn away it mostly wrote a common relation (`nationality` for 10 of the 17 one-hop
+education questions of the toy's KG A test split), and right before the choice it reads them.
+
 Observations are what the real environment (`KGEnvironment.respond` over the KG service)
 returns, and sequences are tokenized exactly as the rollout engine tokenizes rollouts (the
 helpers of `ragrl.train.sft_data`), so SFT and RL see one format. Rows are dropped, with the
@@ -140,8 +145,10 @@ def gold_path(store: KGStore, topic: str, golds: Sequence[dict | str], max_hops:
     return None
 
 
-def query_turns(plan: KGPlan) -> list[str]:
-    """The assistant text of each query turn (two per hop).
+def query_turns(plan: KGPlan, restate: bool = False) -> list[str]:
+    """The assistant text of each query turn (two per hop). With `restate`, the thought that picks
+    a relation opens with the question, copied: the words that decide the relation ("born",
+    "attend") then stand a few tokens before the choice instead of a listing and a turn away.
 
     Each argument opens with a space inside its quotes (`get_relations_out(" Ada Lovelace")`; the KG
     trims names): byte-level BPE gives `"Ada` other pieces than ` Ada`, the form in which the
@@ -153,7 +160,8 @@ def query_turns(plan: KGPlan) -> list[str]:
         known = f"{plan.path[i - 1][0]} {plan.path[i - 1][1]} {head}. " if i else ""
         turns.append(f"{THINK_OPEN}{known}I need the relations of {head}.{THINK_CLOSE}\n"
                      f'{KG_OPEN}get_relations_out(" {head}"){KG_CLOSE}')
-        turns.append(f"{THINK_OPEN}{head} has the relation {rel}; I follow it.{THINK_CLOSE}\n"
+        asked = f"{plan.question} " if restate else ""
+        turns.append(f"{THINK_OPEN}{asked}{head} has the relation {rel}; I follow it.{THINK_CLOSE}\n"
                      f'{KG_OPEN}get_entities_out(" {head}", " {rel}"){KG_CLOSE}')
     return turns
 
@@ -182,7 +190,8 @@ def plan_row(row: dict, store: KGStore, max_hops: int = 2) -> KGPlan | str:
 
 def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: KGStore, *, max_hops: int = 2,
                          append_eos: bool = True, readable_share: float = 0.0,
-                         readable_copies: bool = False) -> tuple[list[dict], SFTDataStats]:
+                         readable_copies: bool = False, restate_question: bool = False
+                         ) -> tuple[list[dict], SFTDataStats]:
     """Gold SFT rows under `engine`'s prompt, KG environment, tokenizer and budgets; one batched
     environment call per turn, as in a rollout. The engine's generator is never called.
     `readable_share`: the share of rows shown with readable relation names (module docstring);
@@ -217,8 +226,9 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
         stats.total += len(shown) - 1  # a copy is a trajectory of its own, kept or dropped on its own
         sent = query_turns(plan)  # what reaches the KG: always its real names
         for shown_plan, row_renames in shown:
-            drafts.append(_Draft(shown_plan, list(prompt), [0] * len(prompt), texts=query_turns(shown_plan),
-                                 sent=sent, renames=row_renames, question_id=plan.row_id))
+            drafts.append(_Draft(shown_plan, list(prompt), [0] * len(prompt),
+                                 texts=query_turns(shown_plan, restate_question), sent=sent,
+                                 renames=row_renames, question_id=plan.row_id))
 
     for turn in range(max((len(d.texts) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.texts)]
@@ -249,7 +259,8 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
 
 def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store: KGStore, out: str | Path, *,
                       rollout_cfg=None, limit: int | None = None, max_hops: int = 2,
-                      readable_share: float = 0.0, readable_copies: bool = False) -> dict:
+                      readable_share: float = 0.0, readable_copies: bool = False,
+                      restate_question: bool = False) -> dict:
     """Gold KG trajectories for the rows of `qa_parquet`, tokenized with the policy's tokenizer."""
     import transformers
 
@@ -258,7 +269,8 @@ def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store:
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     engine = RolloutEngine(None, tokenizer, env, rollout_cfg or RolloutConfig())
     rows, stats = kg_gold_trajectories(read_qa_rows(qa_parquet, limit), engine, store, max_hops=max_hops,
-                                       readable_share=readable_share, readable_copies=readable_copies)
+                                       readable_share=readable_share, readable_copies=readable_copies,
+                                       restate_question=restate_question)
     write_sft_data(rows, stats, out)
     _report(stats, out)
     return stats.to_dict()
