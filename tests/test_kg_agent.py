@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import functools
+import itertools
 import json
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ import torch
 import transformers
 from replay import SegmentGenerator
 
+from ragrl.agent.protocol import sanitize
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 from ragrl.data.qa import load_qa, row_golds
 from ragrl.errors import DataFormatError
@@ -194,6 +196,41 @@ def test_restated_questions_open_every_relation_choice_and_change_nothing_else(t
         assert choosing and all(t.startswith(questions[g["id"]] + " ") for t in choosing)
         assert sum(t.startswith(questions[g["id"]]) for t in thoughts) == len(choosing)
         assert g["text"].replace(opened, "<think>") == p["text"]
+
+
+def test_restated_questions_are_the_prompts_text_and_readable_copies_restate_too(tiny):
+    store = tiny.store["A"]
+    rows = [dict(r) for r in tiny.qa["A_train"][:24]]
+    # A question as real data may bring it: surrounding spaces, a protocol tag, a chat token and
+    # no end punctuation. The thought must copy what the prompt shows, and still parse.
+    rows[0]["question"] = "  " + rows[0]["question"].rstrip("?") + " </think><kg-query> <|im_end|>  "
+    engine = _engine(tiny, cfg=RolloutConfig(**{**CFG.__dict__, "max_turn_tokens": 256, "max_response_tokens": 2048,
+                                                 "max_context_tokens": 4096}))
+    both, stats = kg_gold_trajectories(rows, engine, store, readable_share=0.5, readable_copies=True,
+                                       restate_question=True)
+    assert stats.kept == stats.total == len(both) and any(g["id"].endswith("#readable") for g in both)
+    by_id = {r["id"]: r for r in rows}
+    for g in both:
+        shown = sanitize(by_id[g["id"].split("#")[0]]["question"].strip(), engine.reserved)
+        assert shown in tiny.tok.decode(engine.prompt_ids(by_id[g["id"].split("#")[0]]["question"]))
+        body = g["text"].split("<|im_start|>assistant", 1)[1]
+        expected = shown + (" " if shown.endswith("?") else "? ")
+        assert body.count(f"<think>{expected}") == body.count(" has the relation ") > 0, body
+    first = [g["text"] for g in both if g["id"].split("#")[0] == rows[0]["id"]]
+    assert first and all("&lt;/think>&lt;kg-query> &lt;|im_end|>? " in t for t in first)
+
+
+def test_a_restated_question_that_overflows_the_turn_budget_drops_the_row(tiny):
+    rows = tiny.qa["A_train"][:24]
+    store = tiny.store["A"]
+    plain, _ = kg_gold_trajectories(rows, _engine(tiny), store)
+    # The longest plain assistant turn, in tokens: a budget of exactly that keeps every plain row.
+    longest = max(max(len(list(run)) for bit, run in itertools.groupby(g["assistant_masks"]) if bit) for g in plain)
+    cfg = RolloutConfig(**{**CFG.__dict__, "max_turn_tokens": longest})
+    kept, _ = kg_gold_trajectories(rows, _engine(tiny, cfg=cfg), store)
+    restated, stats = kg_gold_trajectories(rows, _engine(tiny, cfg=cfg), store, restate_question=True)
+    assert len(kept) == len(plain)
+    assert stats.dropped["turn_too_long"] > 0 and len(restated) + stats.dropped["turn_too_long"] == len(plain)
 
 
 def test_the_kg_method_hands_its_readable_options_to_the_sft_data(tiny, tmp_path):

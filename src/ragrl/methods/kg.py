@@ -29,7 +29,8 @@ class KGOptions:
     # True: those trajectories are added in readable form beside their plain form, instead of
     # replacing it, so the training KG's own spelling keeps every row.
     readable_copies: bool = False
-    # True: the SFT thought that picks a relation opens with the question (kg_sft_data.query_turns).
+    # True: the SFT thought that picks a relation opens with the question, so a small policy reads
+    # the words that decide the relation right before writing it (ragrl.train.kg_sft_data).
     restate_question: bool = False
 
     def __post_init__(self) -> None:

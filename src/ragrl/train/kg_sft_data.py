@@ -22,9 +22,10 @@ has seen only one spelling of each relation recalls that spelling instead of rea
 The readable forms come from the training KG's own names, not from any evaluation KG.
 
 With `restate_question`, the thought that names the relation to follow opens with the question,
-copied. A 1.1M policy picks the relation from the question's words ("born", "attend"); placed a
-listing and a turn away it mostly wrote a common relation (`nationality` for 10 of the 17 one-hop
-education questions of the toy's KG A test split), and right before the choice it reads them.
+copied as the prompt shows it. The words that decide the relation ("attend", "works for") then
+stand right before the choice instead of a listing and a turn away, where the toy's 1.1M policy
+mostly wrote a common relation whatever the question asked (docs/READING.md, "KG-R1: the question
+restated").
 
 Observations are what the real environment (`KGEnvironment.respond` over the KG service)
 returns, and sequences are tokenized exactly as the rollout engine tokenizes rollouts (the
@@ -41,7 +42,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, KG_CLOSE, KG_OPEN, THINK_CLOSE, THINK_OPEN, observation
+from ragrl.agent.protocol import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    KG_CLOSE,
+    KG_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    observation,
+    sanitize,
+)
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.data.qa import row_golds
 from ragrl.hashing import in_hashed_share
@@ -71,8 +81,8 @@ class KGPlan:
 @dataclass
 class _Draft(Draft):
     texts: list[str] = field(default_factory=list)  # the query turns of the plan, in order
-    # What reaches the KG when the trajectory shows readable names; the observation is then
-    # renamed (canonical name → readable) before it is tokenized.
+    # What reaches the KG: the plain query turns (real relation names, no restated question).
+    # With readable names the observation is renamed (canonical → readable) before tokenizing.
     sent: list[str] = field(default_factory=list)
     renames: tuple[tuple[str, str], ...] = ()
     # The question id the KG knows (in subgraph mode it picks the question's subgraph); a readable
@@ -145,22 +155,28 @@ def gold_path(store: KGStore, topic: str, golds: Sequence[dict | str], max_hops:
     return None
 
 
-def query_turns(plan: KGPlan, restate: bool = False) -> list[str]:
-    """The assistant text of each query turn (two per hop). With `restate`, the thought that picks
-    a relation opens with the question, copied: the words that decide the relation ("born",
-    "attend") then stand a few tokens before the choice instead of a listing and a turn away.
+def query_turns(plan: KGPlan, restate_question: bool = False, reserved: Iterable[str] = ()) -> list[str]:
+    """The assistant text of each query turn (two per hop). With `restate_question`, each thought
+    that picks a relation opens with the question as the prompt shows it (stripped, protocol tags
+    and `reserved` chat tokens defused by `sanitize`), so that it is a copy the policy can make.
 
     Each argument opens with a space inside its quotes (`get_relations_out(" Ada Lovelace")`; the KG
     trims names): byte-level BPE gives `"Ada` other pieces than ` Ada`, the form in which the
     question and the thought hold the name, so the policy copies it token for token. On the default
     world kg_r1_sft went from EM 0.098 (format 0.44) to 0.164 (format 0.74) on KG A's test split.
     """
+    asked = ""
+    if restate_question:
+        asked = sanitize(plan.question.strip(), reserved)
+        # A question without end punctuation (WebQSP's "what is the name of justin bieber
+        # brother") would run into the entity name that follows it.
+        if asked:
+            asked += " " if asked.endswith(("?", ".", "!")) else "? "
     turns = []
     for i, (head, rel, tail) in enumerate(plan.path):
         known = f"{plan.path[i - 1][0]} {plan.path[i - 1][1]} {head}. " if i else ""
         turns.append(f"{THINK_OPEN}{known}I need the relations of {head}.{THINK_CLOSE}\n"
                      f'{KG_OPEN}get_relations_out(" {head}"){KG_CLOSE}')
-        asked = f"{plan.question} " if restate else ""
         turns.append(f"{THINK_OPEN}{asked}{head} has the relation {rel}; I follow it.{THINK_CLOSE}\n"
                      f'{KG_OPEN}get_entities_out(" {head}", " {rel}"){KG_CLOSE}')
     return turns
@@ -227,7 +243,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
         sent = query_turns(plan)  # what reaches the KG: always its real names
         for shown_plan, row_renames in shown:
             drafts.append(_Draft(shown_plan, list(prompt), [0] * len(prompt),
-                                 texts=query_turns(shown_plan, restate_question), sent=sent,
+                                 texts=query_turns(shown_plan, restate_question, engine.reserved), sent=sent,
                                  renames=row_renames, question_id=plan.row_id))
 
     for turn in range(max((len(d.texts) for d in drafts), default=0)):
@@ -240,7 +256,8 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             _append_segment(d, _encode(engine, d.texts[turn]), engine)
             if d.dropped is not None:
                 continue
-            if action.kind != "kg-query":
+            written = env.parse(d.texts[turn])  # what the policy learns to write must parse too
+            if action.kind != "kg-query" or written.kind != "kg-query" or written.overshoot:
                 d.dropped = "unparsed_query"  # e.g. a name the call syntax cannot quote
                 continue
             last = turn == len(d.texts) - 1
