@@ -20,7 +20,7 @@ import torch
 import transformers
 from replay import SegmentGenerator
 
-from ragrl.agent.protocol import sanitize
+from ragrl.agent.protocol import shown_question
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 from ragrl.data.qa import load_qa, row_golds
 from ragrl.errors import DataFormatError
@@ -211,7 +211,7 @@ def test_restated_questions_are_the_prompts_text_and_readable_copies_restate_too
     assert stats.kept == stats.total == len(both) and any(g["id"].endswith("#readable") for g in both)
     by_id = {r["id"]: r for r in rows}
     for g in both:
-        shown = sanitize(by_id[g["id"].split("#")[0]]["question"].strip(), engine.reserved)
+        shown = shown_question(by_id[g["id"].split("#")[0]]["question"], engine.reserved)
         assert shown in tiny.tok.decode(engine.prompt_ids(by_id[g["id"].split("#")[0]]["question"]))
         body = g["text"].split("<|im_start|>assistant", 1)[1]
         expected = shown + (" " if shown.endswith("?") else "? ")

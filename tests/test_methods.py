@@ -121,6 +121,25 @@ def test_parse_recipe_checks_every_section_with_values():
     assert parse_recipe(recipe.to_config(), "x") == recipe
 
 
+def test_flags_must_be_booleans_whatever_their_annotation(tmp_path):
+    """`bool | None` (SFTArgs.bf16) and a plug-in's `Optional[bool]` are flags too: a string or a
+    number is refused, None passes where the field allows it."""
+    from ragrl.recipe import sft_args
+
+    with pytest.raises(ValueError, match="recipes.x.sft'.*bf16='yes' must be true or false"):
+        sft_args(parse_recipe({"env": "search", "sft": {"bf16": "yes"}}, "x"))
+    assert sft_args(parse_recipe({"env": "search", "sft": {"bf16": None}}, "x")).bf16 is None
+    plugin = tmp_path / "flagged.py"
+    plugin.write_text(
+        "import dataclasses\nfrom typing import Optional\nfrom ragrl.methods import load_plugin\n\n"
+        "@dataclasses.dataclass(frozen=True)\nclass Flags:\n    strict: Optional[bool] = None\n\n"
+        f"METHOD = dataclasses.replace(load_plugin({str(PLUGIN)!r}).METHOD, name='flagged_options', options=Flags)\n")
+    with pytest.raises(ValueError, match="recipes.x.options'.*strict=1 must be true or false"):
+        parse_recipe({"env": "flagged_options", "plugin": str(plugin), "options": {"strict": 1}}, "x")
+    assert parse_recipe({"env": "flagged_options", "plugin": str(plugin), "options": {"strict": None}}, "x"
+                        ).options.strict is None
+
+
 def _plugin_config() -> dict:
     cfg = json.loads(json.dumps(TINY))
     cfg["recipes"] = {"direct": {

@@ -12,7 +12,9 @@ Standard library only (the workflow imports this to plan the DAG).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,20 +70,26 @@ class Recipe:
         return self.sft.get("source") or ("gold" if self.method.gold_sft else "teacher")
 
 
-# A dataclass field's annotation, as written (the settings modules use postponed annotations).
-_BOOL_TYPES = {"bool": False, bool: False, "bool | None": True}
+@functools.cache
+def _bool_fields(cls) -> dict[str, bool]:
+    """The fields annotated bool or bool | None (Optional[bool]), each with whether None is allowed."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):  # a plug-in's annotation that does not resolve: nothing to check
+        hints = {}
+    return {name: hint is not bool for name, hint in hints.items() if hint is bool or hint == bool | None}
 
 
 def _build(cls, values: dict, key: str):
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
     if unknown:
-        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(fields)}")
+        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(names)}")
     # A flag of a free-form section (a method's `options`, which the JSON schema cannot type) must be
     # a real boolean: "no" or 0 would otherwise pass as a truthy or falsy setting.
+    flags = _bool_fields(cls)
     for name, value in values.items():
-        nullable = _BOOL_TYPES.get(fields[name].type)
-        if nullable is not None and not isinstance(value, bool) and not (nullable and value is None):
+        if name in flags and not isinstance(value, bool) and not (flags[name] and value is None):
             raise ValueError(f"config key '{key}': {name}={value!r} must be true or false")
     try:
         return cls(**values)

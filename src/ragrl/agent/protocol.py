@@ -373,7 +373,12 @@ RAG_R1_MULTI_QUERY_INSTRUCTION = (
 )
 
 
+def shown_question(question: str, reserved: Iterable[str] = ()) -> str:
+    """The question as the prompt shows it: stripped, its tags and chat tokens defused."""
+    return sanitize(question.strip(), reserved)
+
+
 def build_instruction(question: str, template: str = DEFAULT_INSTRUCTION, max_queries: int = 1,
                       reserved: Iterable[str] = ()) -> str:
     """Fill `{question}` and `{max_queries}` by plain replacement (other braces are left alone)."""
-    return template.replace("{max_queries}", str(max_queries)).replace("{question}", sanitize(question.strip(), reserved))
+    return template.replace("{max_queries}", str(max_queries)).replace("{question}", shown_question(question, reserved))

@@ -50,7 +50,7 @@ from ragrl.agent.protocol import (
     THINK_CLOSE,
     THINK_OPEN,
     observation,
-    sanitize,
+    shown_question,
 )
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.data.qa import row_golds
@@ -157,8 +157,8 @@ def gold_path(store: KGStore, topic: str, golds: Sequence[dict | str], max_hops:
 
 def query_turns(plan: KGPlan, restate_question: bool = False, reserved: Iterable[str] = ()) -> list[str]:
     """The assistant text of each query turn (two per hop). With `restate_question`, each thought
-    that picks a relation opens with the question as the prompt shows it (stripped, protocol tags
-    and `reserved` chat tokens defused by `sanitize`), so that it is a copy the policy can make.
+    that picks a relation opens with the question as the prompt shows it (`shown_question`), so
+    that it is a copy the policy can make.
 
     Each argument opens with a space inside its quotes (`get_relations_out(" Ada Lovelace")`; the KG
     trims names): byte-level BPE gives `"Ada` other pieces than ` Ada`, the form in which the
@@ -167,7 +167,7 @@ def query_turns(plan: KGPlan, restate_question: bool = False, reserved: Iterable
     """
     asked = ""
     if restate_question:
-        asked = sanitize(plan.question.strip(), reserved)
+        asked = shown_question(plan.question, reserved)
         # A question without end punctuation (WebQSP's "what is the name of justin bieber
         # brother") would run into the entity name that follows it.
         if asked:
@@ -256,7 +256,9 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             _append_segment(d, _encode(engine, d.texts[turn]), engine)
             if d.dropped is not None:
                 continue
-            written = env.parse(d.texts[turn])  # what the policy learns to write must parse too
+            # What the policy learns to write must parse too (it differs from what was sent when
+            # it restates the question or shows readable names).
+            written = action if d.texts[turn] == d.sent[turn] else env.parse(d.texts[turn])
             if action.kind != "kg-query" or written.kind != "kg-query" or written.overshoot:
                 d.dropped = "unparsed_query"  # e.g. a name the call syntax cannot quote
                 continue
