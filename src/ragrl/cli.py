@@ -851,10 +851,13 @@ def main(argv: list[str] | None = None) -> int:
     # (stderr for `query`, whose stdout is data a user may pipe).
     echo = sys.stderr if args.command == "query" else sys.stdout
     print("$ ragrl " + " ".join(shlex.quote(a) for a in argv), file=echo, flush=True)
+    from ragrl.workdir import WorkDirBusy
+
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        # Expected, user-facing failures (bad input, bad config): one clear line, no traceback.
+    except (ValueError, FileNotFoundError, ImportError, WorkDirBusy) as exc:
+        # Expected, user-facing failures (bad input, bad config, a work directory another job
+        # holds): one clear line, no traceback.
         print(f"ragrl {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return 0

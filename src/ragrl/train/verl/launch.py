@@ -41,7 +41,7 @@ import yaml
 
 from ragrl.io import atomic_dir, atomic_path
 from ragrl.train.verl.overrides import AGENT_NAME, VerlCluster, VerlPaths, build_overrides
-from ragrl.workdir import release_superseded
+from ragrl.workdir import held_fds, release_superseded
 
 REPO = Path(__file__).resolve().parents[4]
 AGENT_LOOP_TARGET = "ragrl.train.verl.agent_loop.RagrlAgentLoop"
@@ -207,7 +207,9 @@ def run_verl(recipe, qa: Path, policy: Path, out_dir: Path, *, index: Path | Non
                    PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
         cmd = ["bash", str(launcher), str(python), *overrides]
         print("$ " + " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, env=env, cwd=out_dir)
+        # The launcher and verl's trainer get the work dir's lock too: a kill of this process
+        # alone leaves them training, and no second job may start on out_dir meanwhile.
+        subprocess.run(cmd, check=True, env=env, cwd=out_dir, pass_fds=held_fds(out_dir))
     finally:
         if service is not None:
             service.terminate()
