@@ -48,6 +48,73 @@ def test_no_lock_is_nothing_to_do(tmp_path):
     assert out.returncode == 0 and out.stdout == ""
 
 
+def _fake_ragrl(checkout: Path) -> None:
+    # `python -m ragrl ...` run in `checkout` finds this package first (the working directory
+    # leads sys.path): it reports its pid and works until told to stop, like a long job.
+    (checkout / "ragrl").mkdir()
+    (checkout / "ragrl/__init__.py").write_text("")
+    (checkout / "ragrl/__main__.py").write_text(
+        "import os, pathlib, time\n"
+        "pathlib.Path('.job.pid.tmp').write_text(str(os.getpid()))\n"
+        "os.replace('.job.pid.tmp', 'job.pid')\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not pathlib.Path('job.stop').exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n")
+
+
+def _wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_orphan_of_a_killed_job_wrapper_blocks_the_next_run(tmp_path):
+    """Issue 34 F6: `kill -9` of a job's `bash -c` wrapper leaves its python running, and snakemake
+    exits as after any failed job, with no lock. The next run must still see the orphan."""
+    _fake_ragrl(tmp_path)
+    # As Snakemake runs a job; `; true` keeps bash as the python's parent.
+    wrapper = subprocess.Popen(["bash", "-c", f"set -euo pipefail; {sys.executable} -m ragrl construct-kg --work w; true"],
+                               cwd=tmp_path, start_new_session=True)
+    _wait_for(lambda: (tmp_path / "job.pid").exists(), "the job did not start")
+    job = int((tmp_path / "job.pid").read_text())
+    try:
+        assert job != wrapper.pid
+        wrapper.kill()  # SIGKILL to the wrapper alone
+        wrapper.wait()
+        assert _running(job) and not (tmp_path / ".snakemake").exists()
+        out = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, capture_output=True, text=True)
+        assert out.returncode == 1 and f"{job}: " in out.stderr and "-m ragrl construct-kg" in out.stderr, out
+        (tmp_path / "job.stop").touch()
+        _wait_for(lambda: not _running(job), "the job did not stop")
+    finally:
+        if _running(job):
+            os.kill(job, signal.SIGKILL)
+    out = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == "", out
+
+
+def test_jobs_of_a_live_snakemake_without_a_lock_are_left_alone(tmp_path):
+    # A snakemake running here with no lock (--nolock, a dry run) owns its jobs: they are no orphans.
+    _fake_ragrl(tmp_path)
+    snakemake = subprocess.Popen(["bash", "-c", f'exec -a snakemake bash -c "{sys.executable} -m ragrl rl; true"'],
+                                 cwd=tmp_path, start_new_session=True)
+    try:
+        _wait_for(lambda: (tmp_path / "job.pid").exists(), "the job did not start")
+        out = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, capture_output=True, text=True)
+    finally:
+        os.killpg(snakemake.pid, signal.SIGKILL)
+        snakemake.wait()
+    assert out.returncode == 0, out
+
+
 @pytest.mark.integration
 def test_make_run_recovers_after_kill_9(tmp_path):
     repo = tmp_path / "repo"
