@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 
 from ragrl.recipe import HARR_RUNS, harr_generator_spec, parse_harr
 from ragrl.stages.harr import GeneratorSource, multihop_recall, served, step_seed
 
 from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
-from test_retriever_rollout import world  # noqa: F401  (fixture: a toy index, passages and policy)
+from test_retriever_rollout import HashedBagPolicy, world  # noqa: F401  (world: a toy index, passages and policy)
 
 BASE = {"generator": "search_r1_sft", "index": "flat", "train_dataset": "world_train", "eval_datasets": ["world_test"]}
 
@@ -84,6 +87,15 @@ def test_served_starts_nothing_for_an_in_process_or_external_generator():
             assert got is source
 
 
+def test_a_generator_this_job_serves_is_defined_by_its_settings_not_its_port():
+    started = GeneratorSource("m", {"serve": {"args": ["--dtype", "bfloat16"]}, "base_url": "http://127.0.0.1:41234",
+                                    "served_name": "g"})
+    assert started.definition() == {"serve": {"args": ["--dtype", "bfloat16"]}, "served_name": "g"}
+    outside = {"base_url": "http://h:8000", "served_name": "g"}
+    assert GeneratorSource("m", outside).definition() == outside  # another server is another generator
+    assert GeneratorSource("m").definition() == {}
+
+
 def test_the_three_evaluated_runs():
     # frozen: the index's own encoder, query-only states; HARR: trained with history; the ablation without.
     assert HARR_RUNS == {"harr_frozen": (False, False), "harr": (True, True), "harr_no_history": (True, False)}
@@ -95,6 +107,7 @@ class AnswerByQuestion:
 
     def __init__(self, env):
         self.env = env
+        self.runs = 0
 
     def prompt_ids(self, question):
         return [len(question)]
@@ -104,6 +117,7 @@ class AnswerByQuestion:
 
         from ragrl.agent.protocol import Action
 
+        self.runs += 1
         self.env.respond([Action("search", (f"about {sid}",)) for sid in sample_ids], sample_ids=sample_ids)
         answers = {"q1": lambda g: "Paris" if g % 2 == 0 else "Rome", "q2": lambda g: "London", "q3": lambda g: "Oslo"}
         return [SimpleNamespace(answer=answers[sid.split("#")[0]](int(sid.split("#")[1]))) for sid in sample_ids]
@@ -160,3 +174,74 @@ def test_the_generator_is_prompted_as_the_agent_it_was_trained_as(world):
     for history in (True, False):
         env = HistoryAwareSearchEnvironment(policy, index, store, topk=2, pool_size=5, use_history=history)
         assert RolloutEngine(None, tok, env).prompt_ids("Where is Velmora?") == plain
+
+
+# --- the training's work directory -------------------------------------------------------------------
+
+
+TRAIN = {"steps": 2, "questions_per_step": 2, "group_size": 4, "lr": 0.05, "checkpoint_every": 1}
+
+
+def _scripted_train(monkeypatch, tmp_path, world, *, questions=("q1", "q2"), generator=b"weights v1", **train):
+    """train_stage on the scripted generator, a fresh seeded policy as a new process would build;
+    returns (the trained policy, the rollout calls this run made)."""
+    import pyarrow as pa
+
+    from ragrl.io import write_parquet
+    from ragrl.stages import harr as stage
+
+    _, index, store = world
+    made = {}
+
+    def policy(meta, harr, encoder, trainable):
+        torch.manual_seed(0)
+        made["policy"] = HashedBagPolicy()
+        return made["policy"]
+
+    def engine(recipe, harr, generator, env):
+        made["engine"] = AnswerByQuestion(env)
+        return made["engine"]
+
+    monkeypatch.setattr(stage, "_world", lambda index_dir, passages: stage._World(index, {}, store))
+    monkeypatch.setattr(stage, "_policy", policy)
+    monkeypatch.setattr(stage, "_engine", engine)
+    qa, gen = tmp_path / "kept.parquet", tmp_path / "generator"
+    gen.mkdir(parents=True, exist_ok=True)
+    (gen / "model.safetensors").write_bytes(generator)
+    golds = {"q1": ["Paris"], "q2": ["London"], "q3": ["Berlin"]}
+    write_parquet(pa.table({"id": list(questions), "question": [f"Question {q}?" for q in questions],
+                            "golden_answers": [golds[q] for q in questions]}), qa)
+    harr = parse_harr({**BASE, "environment": {"topk": 2, "pool_size": 5}, "train": {**TRAIN, **train}})
+    stage.train_stage(None, harr, qa, tmp_path / "index", tmp_path / "passages", gen, tmp_path / "work",
+                      use_history=True)
+    return made["policy"], made["engine"].runs
+
+
+def _rebuild(tmp_path):
+    # What Snakemake does before re-running the rule: it deletes the declared output, not the work.
+    (tmp_path / "work" / "final" / "state.json").unlink()
+
+
+def test_the_same_training_rebuilt_resumes_its_checkpoints(monkeypatch, tmp_path, world):
+    first, runs = _scripted_train(monkeypatch, tmp_path, world)
+    assert runs == TRAIN["steps"]
+    _rebuild(tmp_path)
+    again, runs = _scripted_train(monkeypatch, tmp_path, world)
+    assert runs == 0 and torch.equal(again.proj.weight, first.proj.weight)
+
+
+@pytest.mark.parametrize("change", [{"lr": 0.2}, {"questions": ("q1", "q3")}, {"generator": b"weights v2"}],
+                         ids=["setting", "filter-output", "generator"])
+def test_a_changed_definition_retrains_instead_of_resuming(monkeypatch, tmp_path, world, change):
+    """Issue #34 F2: an overlay of harr.train.lr (or a new filter output, or other generator weights)
+    resumed the finished run's last checkpoint, ran no step, and shipped the old encoder."""
+    _scripted_train(monkeypatch, tmp_path, world)
+    _rebuild(tmp_path)
+    changed, runs = _scripted_train(monkeypatch, tmp_path, world, **change)
+    assert runs == TRAIN["steps"]  # every step made again, none resumed
+    fresh, _ = _scripted_train(monkeypatch, tmp_path / "fresh", world, **change)
+    assert torch.equal(changed.proj.weight, fresh.proj.weight)
+    # The old work went aside, and was deleted with the new run's first checkpoint.
+    assert not [p for p in (tmp_path / "work").iterdir() if p.name.startswith("superseded-")]
+    definition = json.loads((tmp_path / "work" / "definition.json").read_text())
+    assert definition["settings"]["train"]["lr"] == change.get("lr", TRAIN["lr"])

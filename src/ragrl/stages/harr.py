@@ -111,6 +111,14 @@ class GeneratorSource:
     endpoint: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     server_log: Path | None = None
 
+    def definition(self) -> dict:
+        """How the generator is run, as a training's work directory is keyed: without the address
+        of a server this job started (a new port at each start), with the serve settings that made it."""
+        endpoint = dict(self.endpoint)
+        if endpoint.get("serve") not in (None, False):
+            endpoint.pop("base_url", None)
+        return endpoint
+
 
 @contextmanager
 def served(source: GeneratorSource) -> Iterator[GeneratorSource]:
@@ -126,14 +134,18 @@ def served(source: GeneratorSource) -> Iterator[GeneratorSource]:
     spec = served_model({"model": source.model, "serve": serve},
                         source.server_log or Path("logs/serve/harr-generator.log"))
     with model_server(spec) as url:
-        yield dataclasses.replace(source, endpoint={"base_url": url, "served_name": spec.served_name})
+        yield dataclasses.replace(source, endpoint={**source.endpoint, "base_url": url, "served_name": spec.served_name})
+
+
+def _source(generator: GeneratorSource | Path | str) -> GeneratorSource:
+    return generator if isinstance(generator, GeneratorSource) else GeneratorSource(str(generator))
 
 
 def _engine(recipe: Recipe, harr: HarrRecipe, generator: GeneratorSource | Path | str, env):
     from ragrl.agent.generation import load_generator
     from ragrl.agent.rollout import RolloutEngine
 
-    source = generator if isinstance(generator, GeneratorSource) else GeneratorSource(str(generator))
+    source = _source(generator)
     base_url = source.endpoint.get("base_url")
     started = time.monotonic()
     gen, tokenizer = load_generator(source.model, base_url=base_url, served_name=source.endpoint.get("served_name"))
@@ -221,6 +233,8 @@ def train_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pas
 
     rows = _rows(qa)
     world = _world(index_dir, passages)
+    _prepare_train_dir(recipe, harr, _source(generator), qa, index_dir, passages, world.meta, Path(out_dir),
+                       use_history=use_history)
     policy = _policy(world.meta, harr, None, trainable=True)
     env = _env(policy, world, harr, use_history=use_history, stochastic=True, seed=harr.train.seed)
     engine = _engine(recipe, harr, generator, env)
@@ -248,6 +262,24 @@ def train_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pas
         with atomic_path(log_out) as tmp:
             tmp.write_bytes((Path(out_dir) / "train_log.jsonl").read_bytes())
     return final
+
+
+def _prepare_train_dir(recipe: Recipe | None, harr: HarrRecipe, source: GeneratorSource, qa: Path, index_dir: Path,
+                       passages: Path, meta: Mapping[str, Any], out_dir: Path, *, use_history: bool) -> None:
+    """Key the work directory on everything the trained encoder is a function of (ragrl.workdir),
+    as the RL trainer's is: checkpoints made with other settings, another generator, encoder,
+    filter output or index would otherwise be resumed, and shipped under this training's name."""
+    from ragrl.models import resolve_model_path
+    from ragrl.workdir import prepare_work_dir
+
+    encoder = _encoder_info(meta).get("model")
+    definition = {"recipe": dataclasses.asdict(recipe) if recipe is not None else None,
+                  "train": dataclasses.asdict(harr.train), "encoder": dataclasses.asdict(harr.encoder),
+                  "environment": dataclasses.asdict(harr.environment), "history": use_history,
+                  "generator": source.definition()}
+    inputs = {"generator": source.model, "encoder": resolve_model_path(str(encoder)) if encoder else None,
+              "qa": qa, "index": index_dir, "passages": passages}
+    prepare_work_dir(out_dir, definition, inputs, tag="harr")
 
 
 def _predictions(engine, env, rows: Sequence[dict], batch_size: int, desc: str) -> list[dict]:

@@ -7,6 +7,9 @@ Layout under `out_dir`:
     final/                state.json {"finished": true, "step": N} and encoder/ (merged
                           sentence-transformers model, when the policy can save one)
     train_log.jsonl       one JSON line per step
+    definition.json       what the work belongs to (ragrl.workdir, written by the stage before
+                          training): work of another definition is moved aside, never resumed, and
+                          deleted once this run saves its first checkpoint
 
 Questions of step s are a function of (seed, s) alone, and the rollout callback is given s, so a
 run resumed from checkpoint N makes the same steps N+1.. as the run that was killed would have
@@ -31,6 +34,7 @@ from ragrl.progress import progress
 from ragrl.settings import RetrieverTrainConfig  # noqa: F401  (stdlib settings, re-exported)
 from ragrl.train.retriever_grpo import Trajectory, update
 from ragrl.train.rl import prompt_indices
+from ragrl.workdir import release_superseded
 
 _STEP = re.compile(r"^step-(\d+)$")
 STATE = "state.json"
@@ -66,6 +70,8 @@ def _save(out_dir: Path, step: int, policy: torch.nn.Module, optimizer: torch.op
         write_json({"step": step, "config": asdict(cfg)}, tmp / STATE)
     for _, old in _checkpoints(out_dir)[: -cfg.keep_checkpoints]:
         shutil.rmtree(old)
+    # The work of an earlier definition (ragrl.workdir) was kept until this run had something to resume from.
+    release_superseded(out_dir)
 
 
 def _resume(out_dir: Path, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
