@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
+# Before transformers is imported: nothing here may touch the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 import json
 
 import faiss
@@ -84,3 +89,70 @@ def test_bad_settings_are_refused():
         RetrieverTrainConfig(group_size=1)
     with pytest.raises(ValueError, match="steps=0"):
         RetrieverTrainConfig(steps=0)
+
+
+# --- the real query encoder: LoRA adapters initialised from the training's seed ----------------------
+
+PASSAGES = [f"{n} was born in {c}." for n in ("Orla Venmark", "Teslo Quivar", "Mirel Dostan", "Idra Volkin")
+            for c in ("Velmora", "Ostrel", "Quanby", "Dresk")]
+REAL_ROWS = [{"id": f"q{i}", "state": f"Where was {p.split(' was')[0]} born?", "target": 4 * i + i % 4}
+             for i, p in enumerate(PASSAGES[::4])]
+REAL = {"steps": 4, "questions_per_step": 2, "group_size": 4, "lr": 0.01, "alpha": 0.3, "checkpoint_every": 2,
+        "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from ragrl.retrieval.encoder import Encoder
+
+    encoder = Encoder("sentence-transformers/all-MiniLM-L6-v2", batch_size=16)
+    docs = encoder.encode_passages(PASSAGES, show_progress=False)
+    index = faiss.IndexFlatIP(docs.shape[1])
+    index.add(docs)
+    return encoder.info(), index
+
+
+def _real_run(minilm, out, process_seed: int, kill_at: int | None = None):
+    """HARR's training as `ragrl harr-train` builds it, in a 'process' whose global RNG is `process_seed`."""
+    from ragrl.recipe import parse_harr
+    from ragrl.stages.harr import _policy
+
+    info, index = minilm
+    harr = parse_harr({"generator": "g", "index": "flat", "train_dataset": "t", "eval_datasets": ["t"],
+                       "encoder": {"lora": True, "lora_r": 4, "lora_alpha": 8}, "train": REAL})
+    torch.manual_seed(process_seed)
+    policy = _policy({"encoder": info}, harr, None, trainable=True)
+    train_retriever(policy, index, REAL_ROWS, _real_rollout(policy, index, kill_at), out, harr.train)
+    return policy
+
+
+def _real_rollout(policy, index, kill_at):
+    def rollout(batch, step):
+        if step == kill_at:
+            raise Killed(f"preempted at step {step}")
+        gen = torch.Generator().manual_seed(1000 + step)
+        return [Trajectory(row["id"], group, float(row["target"] in s.doc_ids), [s])
+                for group, row in enumerate(batch)
+                for s in retrieve(policy, index, [row["state"]] * REAL["group_size"], pool_size=16, k=3,
+                                  alpha=REAL["alpha"], generator=gen)]
+    return rollout
+
+
+def test_the_real_encoder_trains_reproducibly_and_a_resumed_run_ends_where_an_uninterrupted_one_does(
+        minilm, tmp_path):
+    """Issue #34 F3: get_peft_model drew LoRA A from the unseeded global generator, so two runs of one
+    training (and a resumed run and an uninterrupted one) ended with different encoders."""
+    straight = _real_run(minilm, tmp_path / "a", process_seed=1)
+    again = _real_run(minilm, tmp_path / "b", process_seed=2)
+    with pytest.raises(Killed):
+        _real_run(minilm, tmp_path / "c", process_seed=3, kill_at=3)
+    resumed = _real_run(minilm, tmp_path / "c", process_seed=4)
+
+    log = [json.loads(line) for line in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and any(r.get("grad_norm", 0) > 0 for r in log)
+    want = dict(straight.named_parameters())
+    for other in (again, resumed):
+        got = dict(other.named_parameters())
+        assert all(torch.equal(got[name], value) for name, value in want.items())
+    merged = [(tmp_path / run / "final" / "encoder" / "model.safetensors").read_bytes() for run in "abc"]
+    assert merged[0] == merged[1] == merged[2]

@@ -94,7 +94,7 @@ def _policy(meta: Mapping[str, Any], harr: HarrRecipe, encoder: Path | None, tra
     if encoder is not None:
         info = {**info, "model": str(encoder)}
     training = harr.encoder if trainable else EncoderTraining(lora=False, max_length=harr.encoder.max_length)
-    policy = QueryEncoderPolicy(info, training, device="cpu")
+    policy = QueryEncoderPolicy(info, training, device="cpu", seed=harr.train.seed)
     if not trainable:
         for p in policy.parameters():
             p.requires_grad_(False)

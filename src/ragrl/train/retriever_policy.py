@@ -44,10 +44,11 @@ class QueryEncoderPolicy(torch.nn.Module):
 
     `encoder_info` is what an index's meta.json records about its encoder (model, query_prefix,
     normalize, max_length); building the policy from it keeps queries encoded as the index expects.
+    `seed` fixes the LoRA adapters' initialisation (the training's seed).
     """
 
     def __init__(self, encoder_info: dict[str, Any], training: EncoderTraining | None = None,
-                 device: str | None = None) -> None:
+                 device: str | None = None, seed: int = 0) -> None:
         super().__init__()
         from sentence_transformers import SentenceTransformer
 
@@ -71,10 +72,13 @@ class QueryEncoderPolicy(torch.nn.Module):
             targets = self.training_cfg.lora_target_modules
             # get_peft_model injects the adapters into the transformer in place (the sentence-
             # transformers module keeps calling the same object); the PeftModel wrapper is kept
-            # aside only to merge_and_unload at save time (add_adapter's model cannot).
-            peft_model = get_peft_model(self.st[0].model, LoraConfig(
-                r=self.training_cfg.lora_r, lora_alpha=self.training_cfg.lora_alpha, lora_dropout=0.0,
-                target_modules=targets if isinstance(targets, str) else list(targets)))
+            # aside only to merge_and_unload at save time (add_adapter's model cannot). It draws
+            # LoRA A from the global generator: seeded here, or two runs of one training differ.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                peft_model = get_peft_model(self.st[0].model, LoraConfig(
+                    r=self.training_cfg.lora_r, lora_alpha=self.training_cfg.lora_alpha, lora_dropout=0.0,
+                    target_modules=targets if isinstance(targets, str) else list(targets)))
             object.__setattr__(self, "_peft", peft_model)  # not a submodule: its weights are st's
         self.dim = int(self.st.get_embedding_dimension())
         if "dim" in encoder_info and int(encoder_info["dim"]) != self.dim:
