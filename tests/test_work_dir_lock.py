@@ -118,13 +118,19 @@ def test_other_ranks_do_not_lock(tmp_path, monkeypatch):
     assert not workdir.held_fds(work)
 
 
-def test_the_cli_reports_a_busy_work_dir_in_one_line(tmp_path, release, monkeypatch, capsys):
-    from ragrl import cli
-
+def test_a_busy_work_dir_fails_the_command_in_one_line_before_it_loads_a_model(tmp_path):
     work = tmp_path / "work"
-    workdir.lock_work_dir(work)
-    monkeypatch.setattr(workdir, "_HELD", {})  # as if another process held it
-    monkeypatch.setattr(cli, "_cmd_construct_kg", lambda args: workdir.prepare_work_dir(args.work, {}))
-    code = cli.main(["construct-kg", "--passages", "p", "--model", "m", "--out", "o", "--work", str(work)])
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith(f"ragrl construct-kg: error: work directory {work} is in use"), err
+    first = subprocess.Popen([sys.executable, "-c", JOB, str(work)], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    job = int(first.stdout.readline())
+    try:
+        # No model and no passages exist: the lock is what stops the command.
+        out = subprocess.run([sys.executable, "-m", "ragrl", "construct-kg", "--passages", str(tmp_path / "p.parquet"),
+                              "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "kg"), "--work", str(work)],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        first.kill()
+        first.wait()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.startswith(f"ragrl construct-kg: error: work directory {work} is in use by another job "
+                                 f"(held by pid {job}:"), out.stderr[-2000:]

@@ -217,11 +217,22 @@ def _cmd_serve_kg(args: argparse.Namespace) -> None:
     serve(kg_dirs(args.kg, args.dataset_name), args.host, args.port, mode=args.mode, http_limits=_http_limits(args))
 
 
+def _hold_work_dir(work: Path, tag: str) -> None:
+    """A resumable job takes its work directory's lock (ragrl.workdir) before it loads a model or
+    starts a server, so a second job on the directory fails at once (issue 34 F6); the stage's
+    prepare_work_dir keeps it."""
+    from ragrl.workdir import is_main_process, lock_work_dir
+
+    if is_main_process():
+        lock_work_dir(work, tag=tag)
+
+
 def _cmd_construct_kg(args: argparse.Namespace) -> None:
     from ragrl.kg.construct import ConstructSettings, construct_kg_stage
 
     settings = ConstructSettings(batch_size=args.batch_size, max_turn_tokens=args.max_turn_tokens,
                                  temperature=args.temperature, limit=args.limit or None, seed=args.seed)
+    _hold_work_dir(args.work, "construct-kg")
     construct_kg_stage(args.passages, args.model, args.out, args.work, settings, base_url=args.base_url,
                        served_name=args.served_name)
 
@@ -310,6 +321,7 @@ def _cmd_rl(args: argparse.Namespace) -> None:
     # loaded searcher. What the environment reads keys the resume check by content, like the
     # policy and the QA file.
     verl = recipe.rl.get("backend") == "verl"
+    _hold_work_dir(args.out, "rl")
     final = agent.rl(recipe, args.qa, args.policy, {} if verl else _backends(args), args.out,
                      limit=args.limit or None, log_out=args.log_out,
                      flags={"index": args.index, "bm25": args.bm25, "mode": args.mode, "passages": args.passages,
