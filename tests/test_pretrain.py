@@ -218,3 +218,21 @@ def test_a_pretrained_model_is_reused_by_its_cache_key(default_world, tmp_path):
     assert cache_key(spec, args, world_names(default_world)[1:]) != key
     other = pretrain(default_world, tmp_path / "c", spec, PretrainArgs(**{**args.__dict__, "seed": 1}), cache_dir=cache)
     assert "reused" not in (other / "pretrain_log.jsonl").read_text()
+
+
+def test_two_pretrainings_give_identical_weights(default_world, tmp_path):
+    """Issue #34 F3's audit: the tokenizer, the initial weights and the corpus come from the settings'
+    seeds, not from the caller's global RNG (left in a different state before each run)."""
+    import torch
+
+    from ragrl.toy.tiny_model import TinyModelSpec
+
+    spec = TinyModelSpec(hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=128, num_layers=1)
+    args = PretrainArgs(steps=2, batch_size=2, seq_len=512, log_every=1, eval_every=0, eval_questions=0,
+                        tokenizer_worlds=5, warmup_steps=1)
+    runs = []
+    for k in range(2):
+        torch.manual_seed(100 + k)
+        runs.append(pretrain(default_world, tmp_path / f"run{k}", spec, args))
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name

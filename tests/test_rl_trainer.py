@@ -187,6 +187,23 @@ def _wait_for(predicate, proc, timeout=120.0):
 MANY_TARGETS = ",".join(str(t) for t in range(300, 340))
 
 
+def test_two_uninterrupted_runs_give_identical_weights(toy, tmp_path):
+    """Issue #34 F3's audit: rollouts, mini-batch order and dropout come from cfg.seed, not from the
+    caller's global RNG (left in a different state before each run, as two processes would)."""
+    model_dir, prompts, _ = toy
+    cfg = RLConfig.from_dict({**RESUME_CFG, "steps": 3, "checkpoint_every": 100})
+    finals = []
+    for k in range(2):
+        torch.manual_seed(100 + k)
+        final = train_rl(model_dir, None, prompts, rl_toy.make_rollout([int(t) for t in MANY_TARGETS.split(",")]),
+                         cfg, tmp_path / f"run{k}")
+        finals.append((final / "model.safetensors").read_bytes())
+    assert finals[0] == finals[1]
+    logs = [[{k: v for k, v in r.items() if not k.endswith("time_s")} for r in _log(tmp_path / f"run{k}")]
+            for k in range(2)]
+    assert logs[0] == logs[1] and len(logs[0]) == 3
+
+
 def test_resume_after_sigkill_continues_exactly(toy, tmp_path):
     model_dir, _, _ = toy
     out = tmp_path / "run"

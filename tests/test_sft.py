@@ -394,3 +394,17 @@ def test_lora_adapter_merge_equals_base_plus_adapter(tiny, gold_parquet, tmp_pat
     copied = merge_lora(tiny.model_dir, tiny.model_dir, tmp_path / "copied")
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert (copied / name).read_bytes() == (tiny.model_dir / name).read_bytes()
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_runs_of_one_sft_give_identical_weights(tiny, gold_parquet, tmp_path, lora):
+    """Issue #34 F3's audit: LoRA init, dropout and data order all come from sft.seed, not from the
+    caller's global RNG (here left in a different state before each run, as two processes would)."""
+    args = SFTArgs(max_steps=2, batch_size=4, lr=5e-3, seed=3, lora=lora, lora_r=4, lora_alpha=8, lora_dropout=0.1,
+                   lora_target_modules=("q_proj", "v_proj"), log_every=1)
+    weights = "adapter_model.safetensors" if lora else "model.safetensors"
+    runs = []
+    for k in range(2):
+        torch.manual_seed(100 + k)
+        runs.append((train_sft(tiny.model_dir, gold_parquet, tmp_path / f"run{k}", args) / weights).read_bytes())
+    assert runs[0] == runs[1]
