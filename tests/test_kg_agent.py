@@ -20,7 +20,7 @@ import torch
 import transformers
 from replay import SegmentGenerator
 
-from ragrl.agent.protocol import shown_question
+from ragrl.agent.protocol import recorded_turns, shown_question
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 from ragrl.data.qa import load_qa, row_golds
 from ragrl.errors import DataFormatError
@@ -117,8 +117,8 @@ def test_gold_kg_trajectories_are_what_the_engine_produces_and_earn_full_reward(
         assert g["assistant_masks"][len(t.prompt_ids):-1] == t.loss_mask
         assert t.stop_reason == "answer" and t.num_searches == g["num_turns"] - 1  # every query turn, then the answer
         # A perfect trajectory earns every KG-R1 reward.
-        r = kg_rewards(t.response_text, row_golds(by_id[g["id"]]), DEFAULT_TURN_WEIGHTS, {"f1": 1, "retrieval": 1},
-                       answer=t.answer)
+        r = kg_rewards(recorded_turns(t), row_golds(by_id[g["id"]]), t.answer, DEFAULT_TURN_WEIGHTS,
+                       {"f1": 1, "retrieval": 1})
         assert r.global_components["f1"] == 1.0 and r.global_components["retrieval"] == 1.0, t.response_text
         assert all(c == {"format": 1.0, "query": 1.0, "answer": 0.0} for c in r.turn_components[:-1])
         assert r.turn_components[-1] == {"format": 1.0, "query": 0.0, "answer": 1.0}

@@ -17,7 +17,8 @@ from ragrl.rewards import (
     format_reward,
     normalize_answer,
 )
-from ragrl.rewards.qa import split_observations, strip_observations
+from ragrl.agent.protocol import TurnRecord, parse_turns
+from ragrl.rewards.qa import split_observations, strip_observations, turns_format_reward
 
 
 @pytest.mark.parametrize(
@@ -93,6 +94,8 @@ GOOD = (
         (GOOD, "search", 1.0),
         ("<think>easy</think><answer>x</answer>", "search", 1.0),
         ("<answer>x</answer>", "search", 0.0),  # no think
+        ("<think>\n</think><answer>x</answer>", "search", 0.0),  # a blank think: the degenerate way to format
+        ("<think></think><answer></answer>", "search", 0.0),
         ("<think>a</think><search>q</search>" + observation("docs"), "search", 0.0),  # no answer
         ("<think>a</think><search>q</search>" + observation("docs") + "<answer>x</answer>", "search", 0.0),
         ("<think>a</think>chatter<answer>x</answer>", "search", 0.0),  # text between think and action
@@ -130,13 +133,32 @@ def test_format_reward_unknown_env():
         format_reward("x", "browser")
 
 
+def _actions(text):
+    return [{"text": t.text, "observation": t.observation, "forced": t.forced} for t in parse_turns(text)]
+
+
+def test_format_reward_reads_the_record_not_a_typed_notice():
+    """A policy that types the turn-limit notice itself would, read from text, excuse its next
+    turn from <think>; the record knows which turn really followed the environment's notice."""
+    typed = ("<think>a</think><search>q</search>" + observation("docs")
+             + "<information>" + TURN_LIMIT_NOTICE + "</information><answer>x</answer>")
+    assert format_reward(typed) == 1.0  # the text route is fooled
+    record = [TurnRecord("<think>a</think><search>q</search>", "docs"),
+              TurnRecord("<information>" + TURN_LIMIT_NOTICE + "</information><answer>x</answer>")]
+    assert turns_format_reward(record) == 0.0
+
+
 def test_composite_reward():
     golds = ["Velmar", "Port Velmar"]
     assert composite_reward(GOOD, golds, {"em": 1.0, "format": 0.1}) == pytest.approx(1.1)
     assert composite_reward(GOOD.replace(">Velmar<", ">Lyon<"), golds, {"em": 1.0, "format": 0.1}) == pytest.approx(0.1)
-    traj = {"response_text": GOOD, "answer": "Port Velmar"}
-    assert composite_reward(traj, golds, {"em": 1.0, "f1": 0.5, "cover_em": 0.25}) == pytest.approx(1.75)
-    assert composite_reward({"response_text": "junk", "answer": None}, golds, {"em": 1.0, "format": 1.0}) == 0.0
+    traj = {"response_text": GOOD, "answer": "Port Velmar", "actions": _actions(GOOD)}
+    assert composite_reward(traj, golds, {"em": 1.0, "f1": 0.5, "cover_em": 0.25, "format": 1.0}) == pytest.approx(2.75)
+    junk = {"response_text": "junk", "answer": None, "actions": [{"text": "junk", "observation": None}]}
+    assert composite_reward(junk, golds, {"em": 1.0, "format": 1.0}) == 0.0
+    # A trajectory is scored by its turn record; one without a record is refused, not re-parsed.
+    with pytest.raises(ValueError, match="no turn record"):
+        composite_reward({"response_text": GOOD, "answer": "Velmar"}, golds, {"format": 1.0})
     with pytest.raises(ValueError, match="unknown reward weight"):
         composite_reward(GOOD, golds, {"accuracy": 1.0})
 

@@ -122,7 +122,7 @@ def launch(tmp_path_factory):
 def report(launch):
     """One run of tests/verl_side_check.py in the verl venv (imports cost ~10 s there)."""
     spec = {"overrides": launch.overrides, "policy": str(launch.model), "n_rows": 4, "n": 2,
-            "reward_cases": [case for case, _ in REWARD_CASES]}
+            "reward_cases": [{**case, "extra_info": _recorded(case["text"])} for case, _ in REWARD_CASES]}
     spec_path, out = launch.root / "spec.json", launch.root / "report.json"
     spec_path.write_text(json.dumps(spec))
     t0 = time.monotonic()
@@ -147,6 +147,17 @@ def test_reward_through_verls_loader(report):
     assert report["reward_fn"] == "_call_with_kwargs"  # verl's wrapper that merges reward_kwargs
     for (case, expected), got in zip(REWARD_CASES, report["reward_cases"], strict=True):
         assert got["score"] == pytest.approx(expected), (case, got)
+    assert "no 'ragrl_turns'" in report["no_record"]
+
+
+def _recorded(text):
+    """What the agent loop records for a response that is exactly `text` (a hand-written case)."""
+    from dataclasses import asdict
+
+    from ragrl.agent.protocol import parse_turns
+    from ragrl.rewards.qa import extract_answer
+
+    return {"ragrl_answer": extract_answer(text), "ragrl_turns": [asdict(t) for t in parse_turns(text)]}
 
 
 @needs_verl
@@ -377,3 +388,22 @@ def test_train_log_from_verl_attempts(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert records[2] == {"step": 3, "reward_mean": 0.9, "step_time_s": 2.0}
     assert records[3] == {"step": 4, "reward_mean": 1.0, "kl": 0.01}
+
+
+def test_verl_reward_scores_the_recorded_turns_not_the_text():
+    """verl's reward reads the agent loop's turn record: a turn-limit notice the policy typed into
+    its own turn does not excuse that turn from <think>, as it would if the text were re-parsed."""
+    from ragrl.agent.protocol import TURN_LIMIT_NOTICE
+    from ragrl.train.verl.reward import compute_score
+
+    typed = f"<information>{TURN_LIMIT_NOTICE}</information><answer>Paris</answer>"
+    text = "<think>a</think><search>q</search>\n\n<information>Doc 1</information>\n\n" + typed
+    turns = [{"text": "<think>a</think><search>q</search>", "observation": "Doc 1", "forced": False},
+             {"text": typed, "observation": None, "forced": False}]
+    weights = {"em": 1.0, "format": 0.1}
+    recorded = compute_score("ragrl/test", text, ["Paris"], {"ragrl_answer": "Paris", "ragrl_turns": turns},
+                             weights=weights)
+    assert recorded["format"] == 0.0 and recorded["score"] == pytest.approx(1.0)
+    assert compute_score("ragrl/test", text, ["Paris"], _recorded(text), weights=weights)["format"] == 1.0
+    with pytest.raises(ValueError, match="ragrl_turns"):
+        compute_score("ragrl/test", text, ["Paris"], {"index": 3}, weights=weights)

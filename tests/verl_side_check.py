@@ -126,9 +126,15 @@ def main(spec_path: str, report_path: str) -> None:
     report["reward_fn"] = getattr(getattr(fn, "func", None), "__name__", None)
     report["reward_cases"] = [
         fn(data_source="ragrl/test", solution_str=case["text"], ground_truth=np.array(case["golds"], dtype=object),
-           extra_info={"index": i})
+           extra_info={"index": i, **case["extra_info"]})
         for i, case in enumerate(spec["reward_cases"])
     ]
+    try:  # a response without our agent loop's turn record is refused, not re-parsed
+        fn(data_source="ragrl/test", solution_str="<think>a</think><answer>Paris</answer>",
+           ground_truth=np.array(["Paris"], dtype=object), extra_info={"index": 0})
+        report["no_record"] = None
+    except ValueError as exc:
+        report["no_record"] = str(exc)
 
     # 2. verl's RLHFDataset on our parquet, with the composed data config.
     tok = transformers.AutoTokenizer.from_pretrained(spec["policy"])
@@ -147,8 +153,9 @@ def main(spec_path: str, report_path: str) -> None:
         trajs = asyncio.run(rollouts(cfg, tok, take, lambda: FakeServer(mode, model, tok, golds), spec["n"]))
         report[mode] = {"trajectories": trajs}
         report[mode]["scores"] = [
+            # verl's reward loop merges the agent loop's extra_fields into extra_info
             fn(data_source="ragrl/test", solution_str=t["text"], ground_truth=np.array(t["golds"], dtype=object),
-               extra_info={}) for t in trajs]
+               extra_info=dict(t["extra_fields"])) for t in trajs]
     Path(report_path).write_text(json.dumps(report))
 
 

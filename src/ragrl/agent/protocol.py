@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -333,6 +333,81 @@ def forced_answer_prompt(prefill: bool = True) -> str:
     instead of another (unexecuted) search.
     """
     return INFO_OPEN + TURN_LIMIT_NOTICE + OBS_SUFFIX + (ANSWER_OPEN if prefill else "")
+
+
+# --------------------------------------------------------------------------- turn records
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One assistant turn as the rollout engine recorded it: what the policy wrote (`text`, with
+    the environment's prefilled <answer> of a forced turn), what the environment inserted after
+    it (`observation`, the inner text of its <information> block as the policy saw it, or None),
+    and whether it is the turn after the turn-limit notice (`forced`).
+
+    Rewards read these, not the decoded response: a policy can type `<information>…</information>`
+    into its own turn, and a reward that re-parses the response would credit that block as
+    something the environment returned."""
+
+    text: str
+    observation: str | None = None
+    forced: bool = False
+
+
+def recorded_turns(trajectory) -> list[TurnRecord]:
+    """The turn records of a trajectory (a `Trajectory` or its dict) from the engine's `actions`.
+
+    A trajectory without them (an engine that records no turns, a transcript saved before they
+    existed) is an error, not a reason to fall back to parsing its text."""
+    actions = trajectory.get("actions") if isinstance(trajectory, Mapping) else getattr(trajectory, "actions", None)
+    if actions is None or any("text" not in a for a in actions):
+        raise ValueError("trajectory has no turn record (actions[*].text / .observation): rewards do not re-parse "
+                         "response text, where the policy's own <information> blocks would pass as observations")
+    return [TurnRecord(str(a["text"]), a.get("observation"), bool(a.get("forced", False))) for a in actions]
+
+
+def parse_turns(response_text: str) -> list[TurnRecord]:
+    """Turn records re-read from a decoded response, for the one path that has only text (verl's
+    reward function). An <information> block the policy typed reads as an observation here:
+    prefer `recorded_turns` wherever the trajectory is at hand.
+
+    The response alternates turn, <information>, turn, …; the turn-limit notice that follows the
+    last observation is not a turn of its own (it marks the next turn as forced), and a
+    whitespace-only tail after the last observation (a length limit) is not a turn."""
+    pieces = split_information(response_text)
+    texts, infos = pieces[0::2], pieces[1::2]
+    turns: list[TurnRecord] = []
+    forced = False
+    for i, text in enumerate(texts):
+        info = infos[i] if i < len(infos) else None
+        if i > 0 and not text.strip() and (info is None or info.strip() == TURN_LIMIT_NOTICE):
+            forced = forced or info is not None
+            continue
+        turns.append(TurnRecord(text, info, forced))
+        forced = info is not None and info.strip() == TURN_LIMIT_NOTICE
+        if forced:
+            turns[-1] = TurnRecord(text, None, turns[-1].forced)
+    return turns
+
+
+def split_information(text: str) -> list[str]:
+    """[turn, info, turn, info, ..., turn]: `text` split at its <information>…</information> blocks.
+
+    The same pairing as the regex `<information>(.*?)</information>` (each opening tag with the
+    next closing tag), but linear: the regex restarts its search for a closing tag at every
+    unclosed opening tag, which is quadratic (52 s for 20,000 of them). Once no closing tag
+    follows an opening tag, none follows any later one either, so the scan stops there.
+    """
+    pieces: list[str] = []
+    pos = 0
+    while (start := text.find(INFO_OPEN, pos)) >= 0:
+        end = text.find(INFO_CLOSE, start + len(INFO_OPEN))
+        if end < 0:
+            break
+        pieces += [text[pos:start], text[start + len(INFO_OPEN) : end]]
+        pos = end + len(INFO_CLOSE)
+    pieces.append(text[pos:])
+    return pieces
 
 
 def _one_line(text: str) -> str:

@@ -173,9 +173,15 @@ class RolloutEngine:
             t.generated_tokens += len(ids)
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             prefilled = forced and cfg.max_turns > 0 and cfg.forced_answer_prefill
-            action = self.env.parse(ANSWER_OPEN + text if prefilled else text)
+            if prefilled:
+                text = ANSWER_OPEN + text
+            action = self.env.parse(text)
+            # `text` and `observation` are the turn record rewards read (`recorded_turns`): which
+            # text the policy wrote and which the environment inserted is known here, and only here;
+            # the decoded response cannot tell an <information> block the policy typed from ours.
             record = {"turn": turn, "type": action.kind, "queries": list(action.queries), "valid": action.valid,
-                      "error": action.error, "dropped": list(action.dropped), "observation_tokens": 0, "forced": forced}
+                      "error": action.error, "dropped": list(action.dropped), "observation_tokens": 0, "forced": forced,
+                      "text": text, "observation": None}
             t.actions.append(record)
             if action.kind == "answer":
                 t.answer = action.answer
@@ -202,9 +208,9 @@ class RolloutEngine:
                 t.env_time_s += searched
                 t.num_searches += 1
                 t.num_queries += len(action.queries)
-            obs = self._encode_observation(info or "", min(cfg.max_obs_tokens, self._room(t)[0]))
+            obs, shown = self._encode_observation(info or "", min(cfg.max_obs_tokens, self._room(t)[0]))
             self._append(t, obs, 0, turn)
-            t.actions[-1]["observation_tokens"] = len(obs)
+            t.actions[-1].update(observation_tokens=len(obs), observation=shown)
             if turn + 1 == cfg.max_turns:
                 room, reason = self._room(t)
                 if len(self._forced) + 1 > room:  # the prompt plus at least one answer token
@@ -240,17 +246,19 @@ class RolloutEngine:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _encode_observation(self, info: str, budget: int) -> list[int]:
-        """`observation(info)` as ids, its inner text cut so that the whole fits `budget`.
+    def _encode_observation(self, info: str, budget: int) -> tuple[list[int], str]:
+        """`observation(info)` as ids, its inner text cut so that the whole fits `budget`; and
+        that inner text as the policy sees it (what a reward may credit it with having read).
 
         The closing </information> is always kept, so the model never sees an observation that
         appears to run on into its own next turn. The caller guarantees room for head + tail.
         """
         full = self._encode(observation(info))
         if len(full) <= budget:
-            return full
+            return full, info.strip()
         room = max(budget - len(self._head) - len(self._tail), 0)
-        return self._head + self._encode(info.strip())[:room] + self._tail
+        inner = self._encode(info.strip())[:room]
+        return self._head + inner + self._tail, self.tokenizer.decode(inner, skip_special_tokens=True)
 
     def _end(self, t: Trajectory, reason: str, start: float) -> None:
         t.stop_reason = reason

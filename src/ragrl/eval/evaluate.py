@@ -37,7 +37,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from ragrl.io import read_columns, write_json, write_parquet
-from ragrl.rewards.qa import cover_exact_match, exact_match, f1, format_reward
+from ragrl.agent.protocol import recorded_turns
+from ragrl.rewards.qa import cover_exact_match, exact_match, f1, turns_format_reward
 
 METRIC_COLUMNS = ("em", "f1", "cover_em", "format", "turns", "searches")
 
@@ -146,7 +147,7 @@ def prediction_record(row: dict, t, tools: Sequence[str]) -> dict:
         "em": exact_match(t.answer, golds),
         "f1": f1(t.answer, golds),
         "cover_em": cover_exact_match(t.answer, golds),
-        "format": format_reward(t.response_text, tools),
+        "format": turns_format_reward(recorded_turns(t), tools),
         "stop_reason": t.stop_reason,
         "response": t.response_text,
         "question_type": question_type(row),

@@ -52,7 +52,10 @@ class Method:
     Hooks (called with a parsed `ragrl.recipe.Recipe`):
       make_environment(recipe, backends) -> Environment     backends: {input kind: object}
       score(recipe, trajectory, row) -> Score                 row: the QA row (golden_answers, ...)
-      text_reward(recipe, text, golds) -> dict                {"score", components}: verl's reward
+      verl_reward(weights, trajectory, golds) -> dict         {"score", components}: verl's reward of a
+                                                              trajectory our agent loop recorded (a dict:
+                                                              response_text, answer, actions = its turn
+                                                              record)
       gold_sft(recipe, qa_path, policy, env, backends, out, limit) -> stats   (sft.source gold)
       gold_sft_reason(dataset_spec) -> str | None             why gold SFT data cannot be planned
       eval_metrics(recipe, row, trajectory) -> dict           extra metric columns per prediction (a
@@ -94,7 +97,7 @@ class Method:
     engine: Callable[..., Any] | None = None
     # Columns of the QA file the hooks read besides id, question, golden_answers, metadata.
     row_columns: tuple[str, ...] = ()
-    text_reward: Callable[..., dict] | None = None
+    verl_reward: Callable[..., dict] | None = None
     rl_backends: tuple[str, ...] = ("local",)
     # The untrained policy's `base` and `no_retrieval` rows are evaluated with the first recipe
     # whose method says so (an open-domain QA agent; not a KG agent, whose datasets name a KG).
@@ -132,8 +135,8 @@ class Method:
         bad = [b for b in self.rl_backends if b not in RL_BACKENDS]
         if bad:
             raise ValueError(f"method {self.name!r}: unknown RL backend(s) {bad}; expected some of {RL_BACKENDS}")
-        if self.text_reward is None and "verl" in self.rl_backends:
-            raise ValueError(f"method {self.name!r}: the verl backend scores text, so it needs text_reward")
+        if self.verl_reward is None and "verl" in self.rl_backends:
+            raise ValueError(f"method {self.name!r}: the verl backend needs verl_reward")
 
 
 _BUILTIN = {

@@ -50,31 +50,32 @@ def make_environment(recipe, backends: Mapping[str, Any]):
 
 
 def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
-    """A global reward per trajectory and one reward per assistant turn, aligned with the engine's
-    per-token turn index."""
+    """A global reward per trajectory and one reward per assistant turn, read from the engine's
+    turn record (one record per generation call, so aligned with its per-token turn index)."""
+    from ragrl.agent.protocol import recorded_turns
     from ragrl.data.qa import row_golds
     from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
 
-    r = kg_rewards(trajectory.response_text, row_golds(row), recipe.turn_reward or DEFAULT_TURN_WEIGHTS,
-                   recipe.reward, answer=trajectory.answer)
-    # split_turns counts the turns in the decoded text; the engine's turn index counts generation
-    # calls. They agree except when a turn generated nothing decodable; then the turn rewards are
-    # dropped for that sample (it keeps its global reward).
+    r = kg_rewards(recorded_turns(trajectory), row_golds(row), trajectory.answer,
+                   recipe.turn_reward or DEFAULT_TURN_WEIGHTS, recipe.reward)
     turns = max(trajectory.turn_index, default=-1) + 1
+    if len(r.turn_rewards) != turns:
+        raise ValueError(f"{len(r.turn_rewards)} recorded turns for {turns} turn indices: the turn record and the "
+                         "token turn index disagree")
     mean_turn = sum(r.turn_rewards) / len(r.turn_rewards) if r.turn_rewards else 0.0
-    return Score(r.global_reward, r.turn_rewards if len(r.turn_rewards) == turns else None,
-                 {"turn_mean": mean_turn, **r.global_components})
+    return Score(r.global_reward, r.turn_rewards, {"turn_mean": mean_turn, **r.global_components})
 
 
 def eval_metrics(recipe, row: dict, trajectory) -> dict[str, float]:
     """KG-R1's entity metrics: Hits@1, F1 over answer entities (a name and its KB id count once),
-    and whether a gold answer appeared in any observation."""
+    and whether a gold answer appeared in any observation the environment returned."""
+    from ragrl.agent.protocol import recorded_turns
     from ragrl.data.qa import row_golds
     from ragrl.rewards.kg import entity_f1, hits_at_1, observations, retrieval_hit
 
     golds = row_golds(row)
     return {"hits1": hits_at_1(trajectory.answer, golds), "entity_f1": entity_f1(trajectory.answer, golds),
-            "retrieval_hit": retrieval_hit(observations(trajectory.response_text), golds)}
+            "retrieval_hit": retrieval_hit(observations(recorded_turns(trajectory)), golds)}
 
 
 def _whole_store(backend):

@@ -47,7 +47,7 @@ METHOD = Method(
     options=MultiQueryOptions,
     gold_sft=search.gold_sft,
     gold_sft_reason=search.world_gold_reason,
-    text_reward=search.text_reward,
+    verl_reward=search.verl_reward,
     rl_backends=("local", "verl"),
     baselines=True,
 )

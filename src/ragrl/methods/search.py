@@ -43,12 +43,14 @@ def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
     return answer_score(recipe, trajectory, row, ("search",))
 
 
-def text_reward(weights: Mapping[str, float], text: str, golds: Sequence[str], tools: Sequence[str] = ("search",)) -> dict:
-    """verl's reward: the whole decoded response, scored like a local rollout, every metric logged."""
+def verl_reward(weights: Mapping[str, float], trajectory: Mapping[str, Any], golds: Sequence[str],
+                tools: Sequence[str] = ("search",)) -> dict:
+    """verl's reward: the trajectory our agent loop recorded (its answer and turn record), scored
+    like a local rollout, every metric logged."""
     from ragrl.rewards.qa import composite_reward
 
-    parts = {key: composite_reward(text, golds, {key: 1.0}, tools) for key in REWARD_KEYS}
-    return {"score": float(composite_reward(text, golds, weights, tools)), **parts}
+    parts = {key: composite_reward(trajectory, golds, {key: 1.0}, tools) for key in REWARD_KEYS}
+    return {"score": float(composite_reward(trajectory, golds, weights, tools)), **parts}
 
 
 def world_gold_reason(dataset: Mapping[str, Any]) -> str | None:
@@ -80,7 +82,7 @@ METHOD = Method(
     default_reward={"em": 1.0},
     gold_sft=gold_sft,
     gold_sft_reason=world_gold_reason,
-    text_reward=text_reward,
+    verl_reward=verl_reward,
     rl_backends=("local", "verl"),
     baselines=True,
 )

@@ -10,6 +10,7 @@ from ragrl.rewards.qa import (
     format_reward,
     normalize_answer,
     strip_observations,
+    turns_format_reward,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "format_reward",
     "normalize_answer",
     "strip_observations",
+    "turns_format_reward",
 ]

@@ -7,13 +7,17 @@ Turn rewards (one per assistant turn, in the rollout engine's turn order):
             a repeated query earns nothing, so padding a response with one good query does not pay
     answer  the turn is an <answer> (KG-R1's "is_answer_score")
 
+Every reward reads the turns the rollout engine recorded (`ragrl.agent.protocol.TurnRecord`:
+the policy's text, the environment's observation), never the decoded response: a policy that
+types its own `<information>` block with a gold entity in it must not earn the retrieval reward.
+
 Global rewards (one per response):
     f1         answer F1 over entity SETS: a gold answer {text, kb_id} is one entity, matched by
                its text or its kb_id (KG-R1's first release counted text and kb_id as two golds,
                so naming an entity once earned at most half the recall)
     hits1      the first answer item is a gold entity
     retrieval  a gold answer appears in the results of a successful query (an observation)
-    format     the whole response is well formed (`ragrl.rewards.qa.format_reward`, env "kg")
+    format     the whole response is well formed (`ragrl.rewards.qa.turns_format_reward`, env "kg")
 
 The turn-level advantage these feed (KG-R1: A = w * A_turn[t] + A_global on loss-mask-1 tokens)
 is the trainer's, in `ragrl.train.advantages`.
@@ -25,21 +29,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ragrl.agent.protocol import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
-    KG_CLOSE,
-    KG_OPEN,
-    PROTOCOL_TAGS,
-    THINK_CLOSE,
-    THINK_OPEN,
-    TURN_LIMIT_NOTICE,
-    parse_action,
-)
+from ragrl.agent.protocol import TurnRecord, parse_action, parse_turns
 from ragrl.kg.environment import KG_SPEC
 from ragrl.kg.ops import Status, status_of_message
 from ragrl.kg.query_parser import KGQuery, parse_query
-from ragrl.rewards.qa import extract_answer, format_reward, normalize_answer, split_observations
+from ragrl.rewards.qa import normalize_answer, turn_kind, turns_format_reward
 
 # KG-R1's defaults (turn_format_score 0.15, turn_kg_query_validity 0.1, turn_is_answer_score 0.1;
 # global exact_match 0.3 — here entity F1 —, retrieval_quality 0.4; turn advantage weight 0.5).
@@ -48,7 +42,6 @@ DEFAULT_GLOBAL_WEIGHTS: dict[str, float] = {"f1": 0.3, "retrieval": 0.4}
 TURN_KEYS = ("format", "query", "answer")
 GLOBAL_KEYS = ("f1", "hits1", "retrieval", "format")
 
-_ANY_TAG = re.compile("|".join(re.escape(t) for t in PROTOCOL_TAGS))
 # Answer items: "|", ";" or newlines always separate; a comma separates unless it sits between
 # digits ("1,234,000") or the comma-containing piece is itself a gold name ("Washington, D.C.").
 _COARSE_SPLIT = re.compile(r"[|;\n]")
@@ -67,25 +60,16 @@ class KGTurn:
     forced: bool = False  # the turn after the turn-limit notice
 
 
-def split_turns(response_text: str) -> list[KGTurn]:
-    """The assistant turns of a decoded response, aligned with the rollout engine's turn index.
+def kg_turns(turns: Sequence[TurnRecord]) -> list[KGTurn]:
+    """The KG view of recorded assistant turns (`ragrl.agent.protocol.recorded_turns`), one per
+    generation call of the rollout engine, so they align with its per-token turn index."""
+    return [_turn(t.text, t.observation, t.forced) for t in turns]
 
-    The response alternates turn, <information>, turn, …; the empty gap before the turn-limit
-    notice is not a turn, and neither is a whitespace-only tail after the last observation (a
-    trajectory stopped by a length limit generated nothing there).
-    """
-    pieces = split_observations(response_text)
-    texts, infos = pieces[0::2], pieces[1::2]
-    turns: list[KGTurn] = []
-    for i, text in enumerate(texts):
-        info = infos[i] if i < len(infos) else None
-        if i > 0 and info is not None and not text.strip() and info.strip() == TURN_LIMIT_NOTICE:
-            continue
-        if info is None and i > 0 and not text.strip():
-            continue
-        forced = i > 0 and infos[i - 1].strip() == TURN_LIMIT_NOTICE
-        turns.append(_turn(text, info, forced))
-    return turns
+
+def split_turns(response_text: str) -> list[KGTurn]:
+    """`kg_turns` of the turns re-read from a decoded response (`parse_turns`): for offline reading
+    of transcripts; an <information> block the policy typed reads as an observation here."""
+    return kg_turns(parse_turns(response_text))
 
 
 def _turn(text: str, info: str | None, forced: bool) -> KGTurn:
@@ -100,22 +84,9 @@ def _turn(text: str, info: str | None, forced: bool) -> KGTurn:
 
 
 def turn_format_ok(text: str, forced: bool = False) -> bool:
-    """<think>…</think> then exactly one <kg-query> or <answer> tag pair with plain-text content."""
-    rest = text.strip()
-    if rest.startswith(THINK_OPEN):
-        end = rest.find(THINK_CLOSE)
-        if end < 0 or _ANY_TAG.search(rest[len(THINK_OPEN) : end]):
-            return False
-        rest = rest[end + len(THINK_CLOSE) :].strip()
-    elif not forced:
-        return False
-    for open_, close in ((KG_OPEN, KG_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
-        if rest.startswith(open_) and rest.endswith(close) and len(rest) >= len(open_) + len(close):
-            content = rest[len(open_) : len(rest) - len(close)]
-            if _ANY_TAG.search(content):
-                return False
-            return open_ == ANSWER_OPEN or bool(content.strip())
-    return False
+    """<think>…</think> then exactly one <kg-query> or <answer> tag pair with plain-text content
+    (the turn after the turn-limit notice is exempt from <think>: its <answer> was prefilled)."""
+    return turn_kind(text, require_think=not forced) in ("kg-query", "answer")
 
 
 def turn_reward_components(turns: Sequence[KGTurn]) -> list[dict[str, float]]:
@@ -214,9 +185,9 @@ def hits_at_1(answer: str | None, golds: Iterable[Mapping[str, object] | str]) -
     return float(bool(items) and any(items[0] in g for g in gold))
 
 
-def observations(response_text: str) -> list[str]:
-    """Contents of the <information> blocks of a response, in order."""
-    return split_observations(response_text)[1::2]
+def observations(turns: Sequence[TurnRecord]) -> list[str]:
+    """What the environment returned to the recorded turns, in order."""
+    return [t.observation for t in turns if t.observation is not None]
 
 
 def retrieval_hit(observation_texts: Iterable[str], golds: Iterable[Mapping[str, object] | str]) -> float:
@@ -236,15 +207,14 @@ def retrieval_hit(observation_texts: Iterable[str], golds: Iterable[Mapping[str,
     return 0.0
 
 
-def global_reward_components(response_text: str, golds: Sequence[Mapping[str, object] | str],
-                             answer: str | None = None) -> dict[str, float]:
-    """{"f1", "hits1", "retrieval", "format"} of one response; `answer` defaults to its last <answer>."""
-    answer = extract_answer(response_text) if answer is None else answer
+def global_reward_components(turns: Sequence[TurnRecord], golds: Sequence[Mapping[str, object] | str],
+                             answer: str | None) -> dict[str, float]:
+    """{"f1", "hits1", "retrieval", "format"} of one response: its final answer and recorded turns."""
     return {
         "f1": entity_f1(answer, golds),
         "hits1": hits_at_1(answer, golds),
-        "retrieval": retrieval_hit(observations(response_text), golds),
-        "format": format_reward(response_text, KG_SPEC.tools),
+        "retrieval": retrieval_hit(observations(turns), golds),
+        "format": turns_format_reward(turns, KG_SPEC.tools),
     }
 
 
@@ -272,12 +242,11 @@ class KGRewards:
         return mean_turn + self.global_reward
 
 
-def kg_rewards(response_text: str, golds: Sequence[Mapping[str, object] | str],
+def kg_rewards(turns: Sequence[TurnRecord], golds: Sequence[Mapping[str, object] | str], answer: str | None,
                turn_weights: Mapping[str, float] = DEFAULT_TURN_WEIGHTS,
-               global_weights: Mapping[str, float] = DEFAULT_GLOBAL_WEIGHTS, answer: str | None = None) -> KGRewards:
-    """Turn and global rewards of one decoded response."""
-    turns = split_turns(response_text)
-    tc = turn_reward_components(turns)
-    gc = global_reward_components(response_text, golds, answer)
+               global_weights: Mapping[str, float] = DEFAULT_GLOBAL_WEIGHTS) -> KGRewards:
+    """Turn and global rewards of one response from its recorded turns and the engine's answer."""
+    tc = turn_reward_components(kg_turns(turns))
+    gc = global_reward_components(turns, golds, answer)
     return KGRewards([weighted_sum(c, turn_weights, TURN_KEYS) for c in tc],
                      weighted_sum(gc, global_weights, GLOBAL_KEYS), tc, gc)

@@ -16,13 +16,14 @@ from ragrl.agent.protocol import (
     ACTION_NAMES,
     ANSWER_CLOSE,
     ANSWER_OPEN,
-    INFO_CLOSE,
-    INFO_OPEN,
     PROTOCOL_TAGS,
     THINK_CLOSE,
     THINK_OPEN,
-    TURN_LIMIT_NOTICE,
+    TurnRecord,
+    parse_turns,
+    recorded_turns,
 )
+from ragrl.agent.protocol import split_information as split_observations
 
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -76,26 +77,6 @@ def cover_exact_match(pred: str | None, golds: str | Iterable[str]) -> float:
     return float(any((g := normalize_answer(x)) and g in p for x in _golds(golds)))
 
 
-def split_observations(text: str) -> list[str]:
-    """[turn, info, turn, info, ..., turn]: `text` split at its <information>…</information> blocks.
-
-    The same pairing as the regex `<information>(.*?)</information>` (each opening tag with the
-    next closing tag), but linear: the regex restarts its search for a closing tag at every
-    unclosed opening tag, which is quadratic (52 s for 20,000 of them). Once no closing tag
-    follows an opening tag, none follows any later one either, so the scan stops there.
-    """
-    pieces: list[str] = []
-    pos = 0
-    while (start := text.find(INFO_OPEN, pos)) >= 0:
-        end = text.find(INFO_CLOSE, start + len(INFO_OPEN))
-        if end < 0:
-            break
-        pieces += [text[pos:start], text[start + len(INFO_OPEN) : end]]
-        pos = end + len(INFO_CLOSE)
-    pieces.append(text[pos:])
-    return pieces
-
-
 def strip_observations(text: str) -> str:
     """Remove <information>…</information> blocks: they are the environment's text, not the model's."""
     return "".join(split_observations(text)[0::2])
@@ -118,15 +99,21 @@ def extract_answer(text: str) -> str | None:
 
 
 def format_reward(response_text: str, tools: str | Sequence[str] = ("search",)) -> float:
+    """`turns_format_reward` of the turns re-read from a decoded response: the text-only route
+    (verl's reward function). Where the trajectory is at hand, score its recorded turns."""
+    return turns_format_reward(parse_turns(response_text), tools)
+
+
+def turns_format_reward(turns: Sequence[TurnRecord], tools: str | Sequence[str] = ("search",)) -> float:
     """1.0 if the whole response is well formed, else 0.0.
 
-    Well formed: the response splits at its <information> blocks into assistant turns; each turn
-    is `<think>…</think>` followed by exactly one action with plain-text content (optional
-    whitespace around; a tool action's content must not be blank), every turn but the last is a
-    tool action (one of `tools`, the environment's action tags other than answer: "search",
-    "kg-query"; empty for a closed-book answer), and the last is an <answer> (possibly empty: that is for the answer
-    metrics to punish). The turn after the turn-limit notice is exempt from the <think>
-    requirement, because the environment prefilled its <answer> tag.
+    Well formed: each assistant turn is `<think>…</think>` followed by exactly one action with
+    plain-text content (optional whitespace around; a tool action's content must not be blank),
+    every turn but the last is a tool action (one of `tools`, the environment's action tags other
+    than answer: "search", "kg-query"; empty for a closed-book answer), and the last is an
+    <answer> (possibly empty: that is for the answer metrics to punish). The turn after the
+    turn-limit notice is exempt from the <think> requirement, because the environment prefilled
+    its <answer> tag.
 
     Binary on purpose: a graded score (fraction of good turns) pays for padding the response with
     extra well-formed searches.
@@ -135,31 +122,25 @@ def format_reward(response_text: str, tools: str | Sequence[str] = ("search",)) 
     unknown = [t for t in tools if t not in ACTION_NAMES or t == "answer"]
     if unknown:
         raise ValueError(f"unknown tool action(s) {unknown}; expected some of {[a for a in ACTION_NAMES if a != 'answer']}")
-    pieces = split_observations(response_text)  # [turn, info, turn, info, ..., turn]
-    turns, infos = pieces[0::2], pieces[1::2]
-    if len(turns) < 1:
+    if not turns:
         return 0.0
+    last = len(turns) - 1
     for i, turn in enumerate(turns):
-        last = i == len(turns) - 1
-        forced = i > 0 and infos[i - 1].strip() == TURN_LIMIT_NOTICE
-        if i > 0 and not last and not turn.strip() and infos[i].strip() == TURN_LIMIT_NOTICE:
-            continue  # the gap between the last observation and the turn-limit notice
-        kind = _turn_kind(turn, require_think=not forced)
-        if kind is None:
-            return 0.0
-        if last and kind != "answer":
-            return 0.0
-        if not last and kind not in tools:
+        kind = turn_kind(turn.text, require_think=not turn.forced)
+        if not (kind == "answer" if i == last else kind in tools):
             return 0.0
     return 1.0
 
 
-def _turn_kind(turn: str, require_think: bool) -> str | None:
-    """The action of a well-formed turn, or None."""
+def turn_kind(turn: str, require_think: bool = True) -> str | None:
+    """The action of a well-formed turn (`<think>…</think>` then one action tag pair), or None.
+
+    A blank <think> is not reasoning: `<think></think><answer></answer>` would otherwise be a
+    well-formed turn a degenerate policy writes for the format reward alone."""
     rest = turn.strip()
     if rest.startswith(THINK_OPEN):
         end = rest.find(THINK_CLOSE)
-        if end < 0 or _ANY_TAG.search(rest[len(THINK_OPEN) : end]):
+        if end < 0 or not rest[len(THINK_OPEN) : end].strip() or _ANY_TAG.search(rest[len(THINK_OPEN) : end]):
             return None
         rest = rest[end + len(THINK_CLOSE) :].strip()
     elif require_think:
@@ -180,11 +161,12 @@ def composite_reward(trajectory_or_text, golds: str | Iterable[str], weights: Ma
                      tools: str | Sequence[str] = ("search",)) -> float:
     """Weighted sum of metrics, e.g. weights={"em": 1.0, "format": 0.1}.
 
-    Keys: em, f1, cover_em (of the answer) and format (of the response). The input is a response
-    text (the answer is then extracted from it) or a trajectory (a `Trajectory` or its dict) with
-    `answer` and `response_text`; then the engine's answer is used, which is the same string.
+    Keys: em, f1, cover_em (of the answer) and format (of the response). The input is a
+    trajectory (a `Trajectory` or its dict): the engine's answer and its recorded turns are
+    scored. Or a response text (verl's reward function): the answer is then extracted from it and
+    the turns re-read from it.
     """
-    text, answer = _text_and_answer(trajectory_or_text)
+    turns, answer = _turns_and_answer(trajectory_or_text)
     unknown = set(weights) - set(METRICS) - {"format"}
     if unknown:
         raise ValueError(f"unknown reward weight(s) {sorted(unknown)}; expected {sorted([*METRICS, 'format'])}")
@@ -192,7 +174,7 @@ def composite_reward(trajectory_or_text, golds: str | Iterable[str], weights: Ma
     for key, w in weights.items():
         if not w:
             continue
-        score = format_reward(text, tools) if key == "format" else METRICS[key](answer, golds)
+        score = turns_format_reward(turns, tools) if key == "format" else METRICS[key](answer, golds)
         total += float(w) * score
     return total
 
@@ -200,9 +182,8 @@ def composite_reward(trajectory_or_text, golds: str | Iterable[str], weights: Ma
 METRICS = {"em": exact_match, "f1": f1, "cover_em": cover_exact_match}
 
 
-def _text_and_answer(obj) -> tuple[str, str | None]:
+def _turns_and_answer(obj) -> tuple[list[TurnRecord], str | None]:
     if isinstance(obj, str):
-        return obj, extract_answer(obj)
-    if isinstance(obj, Mapping):
-        return obj["response_text"], obj["answer"]
-    return obj.response_text, obj.answer
+        return parse_turns(obj), extract_answer(obj)
+    answer = obj["answer"] if isinstance(obj, Mapping) else obj.answer
+    return recorded_turns(obj), answer

@@ -51,10 +51,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragrl.agent.protocol import observation
+from ragrl.agent.protocol import observation, recorded_turns
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.io import write_json, write_parquet
-from ragrl.rewards.qa import exact_match, format_reward
+from ragrl.rewards.qa import exact_match, turns_format_reward
 
 SFT_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -305,7 +305,7 @@ def _teacher_reject(t, row: dict, engine: RolloutEngine, require_format: bool) -
         return "no_answer"
     if exact_match(t.answer, row["golden_answers"]) < 1.0:
         return "wrong_answer"
-    if require_format and format_reward(t.response_text, engine.env.spec.tools) < 1.0:
+    if require_format and turns_format_reward(recorded_turns(t), engine.env.spec.tools) < 1.0:
         return "bad_format"
     return None
 

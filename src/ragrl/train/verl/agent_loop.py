@@ -36,6 +36,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
 from ragrl.agent.generation import row_limits
+from ragrl.agent.protocol import recorded_turns
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.recipe import parse_recipe
 from ragrl.train.verl.data import prompt_ids as template_prompt_ids
@@ -111,6 +112,11 @@ class ServerGenerator:
         return out
 
 
+def turn_record(traj) -> list[dict[str, Any]]:
+    """The engine's turn record as plain data: it travels through verl's batch to the reward."""
+    return [dataclasses.asdict(t) for t in recorded_turns(traj)]
+
+
 def response_logprobs(traj, outputs) -> list[float] | None:
     """Per response token: the sampler's log-prob on generated tokens, 0.0 on observation tokens.
 
@@ -180,5 +186,7 @@ class RagrlAgentLoop(AgentLoopBase):
                 "turn_scores": [], "tool_rewards": [],
                 # ... and what the reward and the logs may want from the rollout itself
                 "ragrl_searches": traj.num_searches, "ragrl_stop_reason": traj.stop_reason,
+                # the turn record the reward reads (ragrl.train.verl.reward.recorded_trajectory)
+                "ragrl_answer": traj.answer, "ragrl_turns": turn_record(traj),
             },
         )

@@ -5,10 +5,11 @@ manager calls `compute_score(data_source=..., solution_str=..., ground_truth=...
 once per trajectory, with `reward.custom_reward_function.reward_kwargs` merged in: the launcher
 puts the recipe's reward weights and environment there, so this module holds no settings.
 
-`solution_str` is the whole decoded response, observations included (verl decodes the response
-ids with skip_special_tokens=True; the protocol tags are ordinary added tokens, so they survive).
-That is exactly the text the local backend scores: `composite_reward` extracts the last
-<answer> outside <information> blocks, and the format reward walks the turns between them.
+What is scored is the trajectory our agent loop (`ragrl.train.verl.agent_loop`) recorded, which
+verl's reward loop hands over in `extra_info` (it merges the loop's `extra_fields` there): the
+engine's answer and its turn record, what the policy wrote and what the environment inserted,
+turn by turn. `solution_str`, the decoded response, cannot tell an <information> block the policy
+typed from one the environment returned, so it is only logged, never parsed for a reward.
 """
 
 from __future__ import annotations
@@ -37,10 +38,20 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
                   weights: Mapping[str, float] | None = None, env: str = "search", plugin: str = "", **_: Any) -> dict:
     """{"score": weighted reward, plus each metric}: verl logs every key of the dict per step.
 
-    The recipe's method scores the text (`Method.text_reward`). `**_` takes what verl's reward
-    managers may add (reward_router_address, ...), unused here.
+    The recipe's method scores the recorded trajectory (`Method.verl_reward`). `**_` takes what
+    verl's reward managers may add (reward_router_address, ...), unused here.
     """
     method = get_method(env, plugin or None)
-    if method.text_reward is None:
-        raise ValueError(f"method {env!r} has no text reward, so it cannot train on verl")
-    return method.text_reward(dict(weights or method.default_reward), solution_str, golds_of(ground_truth))
+    if method.verl_reward is None:
+        raise ValueError(f"method {env!r} has no verl reward, so it cannot train on verl")
+    return method.verl_reward(dict(weights or method.default_reward), recorded_trajectory(solution_str, extra_info),
+                              golds_of(ground_truth))
+
+
+def recorded_trajectory(solution_str: str, extra_info: Mapping[str, Any] | None) -> dict:
+    """The trajectory of one response from what our agent loop put in its `extra_fields`."""
+    info = extra_info or {}
+    if "ragrl_turns" not in info:
+        raise ValueError("extra_info has no 'ragrl_turns': ragrl's verl reward scores the turns its agent loop "
+                         f"(ragrl_agent) recorded, and this response came without them (extra_info keys: {sorted(info)})")
+    return {"response_text": solution_str, "answer": info.get("ragrl_answer"), "actions": list(info["ragrl_turns"])}
