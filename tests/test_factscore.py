@@ -325,3 +325,79 @@ def test_embedded_on_the_world(tmp_path):
         tail = meta["hops"][0][2]
         wrong = [f.replace(tail, other) for f in facts if f.endswith(f"{tail}.")]
         assert wrong and scorer.score(topic, " ".join(wrong)).n_supported == 0
+
+
+# --------------------------------------------------------------------------- files checked when a job opens them
+
+
+def _truncated(kb, path):
+    data = kb.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    return path
+
+
+def test_cli_names_a_truncated_kb_before_scoring(kb, tmp_path, capsys):
+    bad = _truncated(kb, tmp_path / "knowledge_base.db")
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"topic": PERSON, "text": f"{PERSON} works for Gipusk Holdings."}) + "\n")
+    out = tmp_path / "scores.jsonl"
+    assert main(["factscore", "--kb", str(bad), "--input", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: not a readable SQLite database (database disk image is malformed)" in err
+    assert not out.exists()
+    assert main(["factscore", "--kb", str(tmp_path / "none.db"), "--input", str(src), "--out", str(out)]) == 2
+    assert f"knowledge base {tmp_path / 'none.db'}: no such file" in capsys.readouterr().err
+
+
+def test_a_kb_damaged_after_opening_is_named_with_the_document(kb, tmp_path):
+    from ragrl.errors import DataFormatError
+
+    copy = tmp_path / "knowledge_base.db"
+    copy.write_bytes(kb.read_bytes())
+    scorer = EmbeddedFactScorer(copy)
+    _truncated(kb, copy)
+    with pytest.raises(DataFormatError, match=f"{re.escape(str(copy))}: reading document 'Port Velmar'"):
+        scorer.score(CITY, f"{CITY} is a city in Kessa.")
+
+
+def _model_dir(path, files):
+    path.mkdir()
+    for name in files:
+        (path / name).write_text("{}")
+    return path
+
+
+@pytest.mark.parametrize("files, needle", [
+    (["model.safetensors"], "no config.json"),
+    (["config.json"], "no weights"),
+    (["config.json", "model.safetensors.index.json"], "not a shard index"),
+    (["config.json", "model.safetensors.index.json", "model-1.safetensors"], "missing shard"),
+])
+def test_paper_backend_models_are_checked_when_it_is_built(kb, tmp_path, files, needle):
+    from ragrl.factscore.paper import DenseRanker, NLIModel
+
+    bad = _model_dir(tmp_path / "model", files)
+    if "model-1.safetensors" in files:
+        (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors",
+                                                                                    "b": "model-2.safetensors"}}))
+    with pytest.raises(ValueError, match=f"factscore nli_model.*{re.escape(str(bad))}.*{needle}"):
+        NLIModel(str(bad))
+    with pytest.raises(ValueError, match=f"factscore ranker.*{re.escape(str(bad))}.*{needle}"):
+        DenseRanker(str(bad))
+    with pytest.raises(ValueError, match="model path '/nowhere/model' does not exist"):
+        NLIModel("/nowhere/model")
+
+
+def test_a_complete_model_dir_passes(tmp_path):
+    from ragrl.factscore.paper import DenseRanker, NLIModel
+
+    good = _model_dir(tmp_path / "model", ["config.json", "model.safetensors"])
+    assert NLIModel(str(good)).path == str(good)
+    sharded = _model_dir(tmp_path / "sharded", ["config.json", "model-1.safetensors"])
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
+    assert NLIModel(str(sharded)).path == str(sharded)
+    st = _model_dir(tmp_path / "st", ["modules.json"])
+    (st / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "0_Transformer",
+                                                  "type": "sentence_transformers.models.Transformer"}]))
+    _model_dir(st / "0_Transformer", ["config.json", "pytorch_model.bin"])
+    assert DenseRanker(str(st)).path == str(st)

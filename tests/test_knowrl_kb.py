@@ -158,3 +158,26 @@ def test_cli(tmp_path, capsys):
     assert main(["kb", "--inputs", str(bad), "--out", str(tmp_path / "bad.db")]) == 2
     assert "bad.jsonl:1: field 'title'" in capsys.readouterr().err
     assert not (tmp_path / "bad.db").exists()
+
+
+def test_damage_in_a_long_text_is_found_by_the_thorough_check_and_named_when_read(tmp_path):
+    """The check a job runs on opening a KB walks the table's pages, not the overflow pages of a
+    long text: a broken overflow chain passes it, fails the thorough check (quick_check, run when
+    a KB is copied), and is named with its file and document when the document is read."""
+    db = tmp_path / "knowledge_base.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE documents (title PRIMARY KEY, text);")
+        conn.executemany("INSERT INTO documents VALUES (?, ?)", [("Long", "word " * 4000), ("Short", "short")])
+    data = bytearray(db.read_bytes())
+    size = 4096  # sqlite's default page size; overflow pages are the ones that are not b-tree pages
+    page = next(i for i in range(1, len(data) // size) if data[i * size] not in (2, 5, 10, 13))
+    data[page * size:page * size + 4] = (999).to_bytes(4, "big")  # the chain's next page: past the end
+    db.write_bytes(bytes(data))
+    assert validate_kb(db) == {"documents": 2}
+    with pytest.raises(DataFormatError, match=r"knowledge_base.db: damaged SQLite file \(quick_check: .*invalid page"):
+        validate_kb(db, thorough=True)
+    with pytest.raises(DataFormatError, match=r"knowledge_base.db: reading document 'Long' \(database disk image"):
+        read_document(db, "Long")
+    assert read_document(db, "Short") == ["short"]
+    with pytest.raises(DataFormatError, match="damaged SQLite file"):
+        build_kb([db], tmp_path / "out" / "knowledge_base.db")

@@ -169,3 +169,16 @@ def test_single_turn_environment_and_eval_hooks(db):
         "n_facts": 2.0}
     assert set(method.eval_metric_columns) == {"correct", "incorrect", "not_attempted", "format_ok", "fact_precision",
                                                "n_facts"}
+
+
+def test_a_corrupt_kb_fails_when_the_environment_is_made(db, tmp_path):
+    """RL, evaluation and gold SFT data all make the environment before any rollout: a damaged KB
+    is named there, not mid-run by sqlite."""
+    from ragrl.errors import DataFormatError
+
+    bad = tmp_path / "knowledge_base.db"
+    bad.write_bytes(db.read_bytes()[:len(db.read_bytes()) // 2])
+    with pytest.raises(DataFormatError, match=f"{bad}: not a readable SQLite database"):
+        get_method("knowrl").make_environment(recipe(bad), {})
+    with pytest.raises(FileNotFoundError, match=f"knowledge base {tmp_path / 'none.db'}: no such file"):
+        get_method("knowrl").make_environment(recipe(tmp_path / "none.db"), {})

@@ -84,5 +84,66 @@ def resolve_model_path(name: str, key: str = "model") -> str:
 
 
 def _in_hf_cache(name: str) -> bool:
+    return _hf_repo_dir(name).exists()
+
+
+def _hf_repo_dir(name: str) -> Path:
     cache = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub")
-    return (cache / f"models--{name.replace('/', '--')}").exists()
+    return cache / f"models--{name.replace('/', '--')}"
+
+
+# One file, or shards and their index (safetensors or PyTorch's pickles, which older hub models ship).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def model_dir_problem(path: str | os.PathLike) -> str | None:
+    """What a local model directory lacks for `from_pretrained`, or None: its config.json and
+    weights (every shard its index names). A sentence-transformers directory (modules.json) is
+    checked where its Transformer module lives."""
+    import json
+
+    path = Path(path)
+    if not path.is_dir():
+        return None  # a single file (a GGUF, a tokenizer) is its loader's business
+    if (path / "modules.json").is_file():
+        try:
+            modules = json.loads((path / "modules.json").read_text())
+            sub = next(m.get("path", "") for m in modules if str(m.get("type", "")).endswith("Transformer"))
+        except (ValueError, TypeError, AttributeError, StopIteration):
+            return "modules.json names no Transformer module"
+        path = path / sub
+    if not (path / "config.json").is_file():
+        return f"no config.json in {path}"
+    present = [w for w in WEIGHT_FILES if (path / w).is_file()]
+    if not present:
+        return f"no weights in {path} (expected one of {list(WEIGHT_FILES)})"
+    for index in (w for w in present if w.endswith(".index.json")):
+        try:
+            shards = set(json.loads((path / index).read_text())["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return f"{path / index} is not a shard index (no weight_map)"
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            return f"no weights in {path}: {index} names missing shard(s) {missing[:3]}"
+    return None
+
+
+def check_model(name: str, key: str = "model") -> str:
+    """`resolve_model_path`, and a local directory's files checked (`model_dir_problem`): a job
+    loading a model on first use then fails when it starts, naming the config key and the path,
+    rather than at its first batch."""
+    path = resolve_model_path(name, key)
+    local = Path(path).expanduser()
+    if not local.exists() and not hub_available():
+        local = _cached_snapshot(name) or local
+    problem = model_dir_problem(local) if local.exists() else None
+    if problem:
+        raise ModelNameError(f"config key '{key}': model '{name}' is incomplete: {problem}")
+    return path
+
+
+def _cached_snapshot(name: str) -> Path | None:
+    """The local HF cache's snapshot of `name` that `main` points at, if any (offline loads use it)."""
+    repo = _hf_repo_dir(name)
+    ref = repo / "refs" / "main"
+    return repo / "snapshots" / ref.read_text().strip() if ref.is_file() else None

@@ -70,6 +70,12 @@ class KnowledgeBase:
     path: str | os.PathLike
     _cache: dict[str, list[tuple[str, str]] | None] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Checked when a job opens it, so a damaged or wrong file is named before any scoring.
+        from ragrl.kb import validate_kb
+
+        validate_kb(self.path)
+
     def passages(self, topic: str) -> list[tuple[str, str]] | None:
         """[(title, passage)] of the topic, or None when no title of it is in the KB."""
         if topic not in self._cache:

@@ -159,7 +159,10 @@ class DenseRanker:
     gtr-t5-large); passage vectors computed once per topic."""
 
     def __init__(self, model: str, device: str | None = None) -> None:
+        from ragrl.models import check_model
+
         self.model_name, self.device = model, device
+        self.path = check_model(model, "factscore ranker")  # loaded on first use: checked now
         self._encoder = None
         self._vectors: dict[str, object] = {}
 
@@ -167,10 +170,7 @@ class DenseRanker:
         if self._encoder is None:
             from sentence_transformers import SentenceTransformer
 
-            from ragrl.models import resolve_model_path
-
-            self._encoder = SentenceTransformer(resolve_model_path(self.model_name, "factscore ranker"),
-                                                device=self.device)
+            self._encoder = SentenceTransformer(self.path, device=self.device)
         return self._encoder
 
     def top(self, topic: str, fact: str, passages: Sequence[tuple[str, str]], k: int) -> list[int]:
@@ -191,7 +191,10 @@ class NLIModel:
     MoritzLaurer/DeBERTa-v3-base-mnli-fever-anli)."""
 
     def __init__(self, model: str, device: str | None = None, batch_size: int = 32) -> None:
+        from ragrl.models import check_model
+
         self.model_name, self.device, self.batch_size = model, device, batch_size
+        self.path = check_model(model, "factscore nli_model")  # loaded on first use: checked now
         self._loaded: tuple | None = None
 
     def _load(self):
@@ -199,11 +202,8 @@ class NLIModel:
             import torch
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-            from ragrl.models import resolve_model_path
-
-            path = resolve_model_path(self.model_name, "factscore nli_model")
-            tok = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+            tok = AutoTokenizer.from_pretrained(self.path)
+            model = AutoModelForSequenceClassification.from_pretrained(self.path).eval()
             device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
             labels = {str(v).upper(): int(k) for k, v in model.config.id2label.items()}
             if "ENTAILMENT" not in labels:

@@ -213,6 +213,12 @@ def completion(think: str, answer: str) -> str:
 def make_environment(recipe, backends: Mapping[str, Any]):
     from ragrl.agent.environments import ClosedBookEnvironment
 
+    # RL, evaluation and gold SFT data make the environment before any rollout: the reward's
+    # files (the KB, the NLI and ranker models, the prompts) are opened and checked here, so a
+    # damaged one is named now rather than by sqlite or a model loader mid-run.
+    options = options_of(recipe)
+    fact_scorer(options)
+    grader(options)
     return ClosedBookEnvironment()
 
 
