@@ -8,6 +8,7 @@ import re
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import transformers
@@ -284,6 +285,31 @@ def test_construct_kg_starts_over_when_the_settings_change(tiny, tmp_path):
                          ConstructSettings(batch_size=2, limit=4))
     assert stats["generated_now"] == 4 and stats["triples"] == 0 and stats["invalid_passages"] == 4
     assert pq.read_table(out / "triples.parquet").num_rows == 0
+
+
+@pytest.mark.parametrize("change", ["passages", "endpoint"])
+def test_construct_kg_starts_over_when_an_input_changes(tiny, tmp_path, change):
+    """Issue #34's audit: parts generated from other passage texts, or decoded by another server,
+    are not resumed (the same run again is)."""
+    from ragrl.kg.construct import ConstructSettings, construct_kg
+
+    passages = tmp_path / "passages.parquet"
+    pq.write_table(pq.read_table(tiny.root / "world/passages.parquet").slice(0, 4), passages)
+    script = lambda title, k: "no triples here"  # noqa: E731
+    out, work, settings = tmp_path / "kg", tmp_path / "work", ConstructSettings(batch_size=2, limit=4)
+    construct_kg(passages, tiny.model_dir, out, work, ScriptedGenerator(tiny.tok, script), tiny.tok, settings)
+    same = construct_kg(passages, tiny.model_dir, out, work, ScriptedGenerator(tiny.tok, script), tiny.tok, settings)
+    assert same["generated_now"] == 0
+    endpoint = None
+    if change == "passages":
+        table = pq.read_table(passages).to_pylist()
+        table[0]["text"] += " It was rebuilt later."
+        pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(passages)), passages)
+    else:
+        endpoint = {"base_url": "http://127.0.0.1:8000/v1", "served_name": "constructor"}
+    again = construct_kg(passages, tiny.model_dir, out, work, ScriptedGenerator(tiny.tok, script), tiny.tok,
+                         settings, endpoint=endpoint)
+    assert again["generated_now"] == 4
 
 
 # --------------------------------------------------------------------------- the engine hook, evaluation

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,15 +57,18 @@ def read_passages(path: str | Path, limit: int | None = None) -> list[Document]:
 
 
 def construct_kg(passages: str | Path, model: str | Path, out: str | Path, work: str | Path, generator, tokenizer,
-                 settings: ConstructSettings = ConstructSettings()) -> dict:
-    """Generate every missing part, then assemble `out/triples.parquet` and `out/construction.json`."""
+                 settings: ConstructSettings = ConstructSettings(), endpoint: Mapping[str, str] | None = None) -> dict:
+    """Generate every missing part, then assemble `out/triples.parquet` and `out/construction.json`.
+    `endpoint`: where `generator` serves `model` ({base_url, served_name}; None: in process)."""
     from ragrl.agent.generation import cut_at_stop
     from ragrl.workdir import prepare_work_dir
 
     docs = read_passages(passages, settings.limit)
     work = Path(work)
-    prepare_work_dir(work, {"construct": asdict(settings)}, {"passages": passages, "model": model},
-                     tag="construct-kg")
+    # Parts decoded by another server (or in process) are another model's output. Only a served run
+    # adds the key, so the work of in-process runs keeps the fingerprint it had.
+    definition = {"construct": asdict(settings), **({"endpoint": dict(endpoint)} if endpoint else {})}
+    prepare_work_dir(work, definition, {"passages": passages, "model": model}, tag="construct-kg")
     frame = ChatFrame(tokenizer)
     stops = [frame.eos_id] if frame.eos_id is not None else []
     batches = [docs[i:i + settings.batch_size] for i in range(0, len(docs), settings.batch_size)]
@@ -125,7 +129,8 @@ def construct_kg_stage(passages: Path, model: Path | str, out: Path, work: Path,
     from ragrl.agent.generation import load_generator
 
     generator, tokenizer = load_generator(model, base_url=base_url, served_name=served_name)
-    stats = construct_kg(passages, model, out, work, generator, tokenizer, settings)
+    endpoint = {k: v for k, v in (("base_url", base_url), ("served_name", served_name)) if v}
+    stats = construct_kg(passages, model, out, work, generator, tokenizer, settings, endpoint=endpoint)
     print("[construct-kg] " + json.dumps({k: stats[k] for k in ("passages", "triples", "invalid_passages",
                                                                  "passages_per_s")}), flush=True)
     return stats
