@@ -148,3 +148,46 @@ def test_only_rank_zero_moves_files(tmp_path, monkeypatch):
         workdir.prepare_work_dir(work, {"lr": 3e-4}, wait_s=0.2)
     assert (work / "checkpoints" / "step-2").is_dir()  # untouched: rank 0 decides
     assert workdir.prepare_work_dir(work, {"lr": 1e-4}, wait_s=0.2)  # rank 0 already stamped this one
+
+
+@pytest.mark.parametrize("change", ["qa", "index"])
+def test_a_verl_run_on_changed_inputs_does_not_resume(tmp_path, monkeypatch, change):
+    """Issue #34's audit, for the verl backend (verl itself resumes whatever global_step_N its
+    checkpoint dir holds): its work dir is keyed before verl is launched."""
+    import sys
+
+    import transformers
+
+    from ragrl.recipe import parse_recipe
+    from ragrl.train.verl.launch import run_verl
+
+    class Launched(RuntimeError):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Launched("past the work dir")
+
+    monkeypatch.setenv("RAGRL_VERL_PYTHON", sys.executable)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", stop)
+    recipe = parse_recipe({"env": "search", "rl": {"backend": "verl"}}, "search_r1")
+    inputs = {"qa": tmp_path / "qa.parquet", "index": tmp_path / "index"}
+    inputs["qa"].write_bytes(b"questions v1")
+    _policy(inputs["index"], b"vectors v1")
+    policy, work = _policy(tmp_path / "policy", b"w"), tmp_path / "work"
+
+    def run():
+        with pytest.raises(Launched):
+            run_verl(recipe, inputs["qa"], policy, work, index=inputs["index"])
+
+    run()
+    (work / "verl_checkpoints" / "global_step_2").mkdir(parents=True)
+    run()
+    assert (work / "verl_checkpoints" / "global_step_2").is_dir()  # the same run resumes
+    if change == "qa":
+        inputs["qa"].write_bytes(b"questions v2")
+    else:
+        _policy(inputs["index"], b"vectors v2")
+    run()
+    assert not (work / "verl_checkpoints").exists()
+    [aside] = _aside(work)
+    assert (work / aside / "verl_checkpoints" / "global_step_2").is_dir()
