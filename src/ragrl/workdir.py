@@ -1,4 +1,4 @@
-"""Work directories of resumable jobs (RL now; KG construction and retriever training next).
+"""Work directories of resumable jobs (RL, KG construction, HARR's retriever training).
 
 A resumable job keeps its progress (checkpoints) in a work directory that outlives a killed
 attempt. Resuming is only right when the progress belongs to exactly the job being run, so the
