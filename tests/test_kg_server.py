@@ -462,3 +462,18 @@ def split_turns_records(text):
     from ragrl.agent.protocol import parse_turns
 
     return parse_turns(text)
+
+
+def test_a_turn_that_generated_nothing_still_scores(service):
+    """Model output of any shape never crashes a rollout: a forced last turn with no tokens has a
+    record and no token index, and the method still scores every turn."""
+    from ragrl.methods import get_method
+    from ragrl.recipe import parse_recipe
+
+    t = _kg_episode(service, ['<think>a</think><kg-query>get_relations_out("John F. Kennedy")</kg-query>',
+                              '<think>b</think><kg-query>get_relations_out("Brookline")</kg-query>',
+                              '<think>c</think><kg-query>get_relations_in("Brookline")</kg-query>', ""])
+    assert len(t.actions) == max(t.turn_index) + 2 and t.actions[-1]["forced"]
+    s = get_method("kg").score(parse_recipe({"env": "kg"}, "kg_probe"), t,
+                               {"id": "q", "question": "q", "golden_answers": ["Brookline"], "metadata": {}})
+    assert len(s.turn_rewards) == len(t.actions) and s.components["retrieval"] == 0.0

@@ -56,12 +56,10 @@ def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
     from ragrl.data.qa import row_golds
     from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
 
+    # One record per generation call, the same count as the token turn index (a last call that
+    # generated nothing has a record and no tokens; its reward is simply never broadcast).
     r = kg_rewards(recorded_turns(trajectory), row_golds(row), trajectory.answer,
                    recipe.turn_reward or DEFAULT_TURN_WEIGHTS, recipe.reward)
-    turns = max(trajectory.turn_index, default=-1) + 1
-    if len(r.turn_rewards) != turns:
-        raise ValueError(f"{len(r.turn_rewards)} recorded turns for {turns} turn indices: the turn record and the "
-                         "token turn index disagree")
     mean_turn = sum(r.turn_rewards) / len(r.turn_rewards) if r.turn_rewards else 0.0
     return Score(r.global_reward, r.turn_rewards, {"turn_mean": mean_turn, **r.global_components})
 
