@@ -134,7 +134,8 @@ def served(source: GeneratorSource) -> Iterator[GeneratorSource]:
     spec = served_model({"model": source.model, "serve": serve},
                         source.server_log or Path("logs/serve/harr-generator.log"))
     with model_server(spec) as url:
-        yield dataclasses.replace(source, endpoint={**source.endpoint, "base_url": url, "served_name": spec.served_name})
+        endpoint = {**source.endpoint, "base_url": url, "served_name": spec.served_name}
+        yield dataclasses.replace(source, endpoint=endpoint)
 
 
 def _source(generator: GeneratorSource | Path | str) -> GeneratorSource:
