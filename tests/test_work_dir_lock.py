@@ -118,19 +118,28 @@ def test_other_ranks_do_not_lock(tmp_path, monkeypatch):
     assert not workdir.held_fds(work)
 
 
-def test_a_busy_work_dir_fails_the_command_in_one_line_before_it_loads_a_model(tmp_path):
+def _busy_command(command: str, tmp_path: Path, work: Path) -> list[str]:
+    # No model, passages or index exist: the lock is what stops the command.
+    missing = [str(tmp_path / name) for name in ("p.parquet", "no-model", "no-index", "qa.parquet")]
+    if command == "construct-kg":
+        return ["construct-kg", "--passages", missing[0], "--model", missing[1], "--out", str(tmp_path / "kg"),
+                "--work", str(work)]
+    return ["harr-train", "--recipe", "{}", "--generator", missing[1], "--harr", "{}", "--index", missing[2],
+            "--passages", missing[0], "--qa", missing[3], "--out-dir", str(work)]
+
+
+@pytest.mark.parametrize("command", ["construct-kg", "harr-train"])
+def test_a_busy_work_dir_fails_the_command_in_one_line_before_it_loads_a_model(tmp_path, command):
     work = tmp_path / "work"
     first = subprocess.Popen([sys.executable, "-c", JOB, str(work)], stdout=subprocess.PIPE, text=True,
                              start_new_session=True)
     job = int(first.stdout.readline())
     try:
-        # No model and no passages exist: the lock is what stops the command.
-        out = subprocess.run([sys.executable, "-m", "ragrl", "construct-kg", "--passages", str(tmp_path / "p.parquet"),
-                              "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "kg"), "--work", str(work)],
+        out = subprocess.run([sys.executable, "-m", "ragrl", *_busy_command(command, tmp_path, work)],
                              capture_output=True, text=True, timeout=120)
     finally:
         first.kill()
         first.wait()
     assert out.returncode == 2, out.stderr[-2000:]
-    assert out.stderr.startswith(f"ragrl construct-kg: error: work directory {work} is in use by another job "
+    assert out.stderr.startswith(f"ragrl {command}: error: work directory {work} is in use by another job "
                                  f"(held by pid {job}:"), out.stderr[-2000:]

@@ -431,6 +431,7 @@ def _cmd_harr_filter(args: argparse.Namespace) -> None:
 def _cmd_harr_train(args: argparse.Namespace) -> None:
     from ragrl.stages.harr import served, train_stage
 
+    _hold_work_dir(args.out_dir, "harr")
     recipe, harr = _harr(args)
     with served(_harr_generator(args)) as generator:
         final = train_stage(recipe, harr, args.qa, args.index, args.passages, generator, args.out_dir,
