@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def grade(base_url: str, name: str) -> list[str]:
         endpoint = Recording(base_url, name, max_workers=args.max_workers, max_tokens=16, timeout_s=300)
-        grader = LLMGrader(endpoint)
+        grader = LLMGrader(endpoint, dead_run=None)  # a weak judge's unparsed runs are what this measures
         grades: list[str] = []
         try:
             for start in range(0, len(cases), 50):

@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         # OpenAIJudge posts to {base_url}/chat/completions; the server root is accepted too, as in
         # the precedent (ChatEndpoint).
         root = base_url.rstrip("/")
-        recorder = RecordingJudge(root if root.endswith("/v1") else root + "/v1", name, timeout_s=300)
+        # dead_run=None: a weak judge's runs of off-format replies are what this measures, not a failure.
+        recorder = RecordingJudge(root if root.endswith("/v1") else root + "/v1", name, timeout_s=300, dead_run=None)
         verdicts: list[bool] = []
         start = time.monotonic()
         try:

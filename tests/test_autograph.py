@@ -425,3 +425,44 @@ def test_endpoint_encoder_failures_raise(status, payload, needle):
                           transport=_embeddings_transport(lambda body: httpx.Response(status, json=payload)))
     with pytest.raises(EmbeddingError, match=needle):
         enc.encode_queries(["a", "b"])
+
+
+def test_openai_judge_without_content_raises_and_off_format_is_counted(chat_server, capsys):
+    """A reply without text is no verdict: asked again, then `JudgeError` naming the endpoint (it
+    was read as "no", silently zeroing R_C). A reply saying neither yes nor no keeps the authors'
+    reading (no), counted and logged; a run of them is a dead judge."""
+    item = JudgeItem("q", ("a",), ())
+    chat_server.reply = lambda body: (200, {"choices": [{"message": {"role": "assistant", "content": None}}]})
+    judge = OpenAIJudge(chat_server.url, "m", retries=1)
+    with pytest.raises(JudgeError, match=f"judge at {chat_server.url}/chat/completions answered with no content 2"):
+        judge.judge([item])
+    assert len(chat_server.seen) == 2
+
+    from ragrl.replies import DEAD_RUN
+
+    chat_server.reply = lambda body: (200, {"choices": [{"message": {"role": "assistant", "content": "The answer is"}}]})
+    for _ in range(DEAD_RUN - 1):
+        assert judge.judge([item]) == [False]
+    assert judge.replies.offformat == DEAD_RUN - 1
+    assert "1 of 1 replies off-format, read as no" in capsys.readouterr().err
+    with pytest.raises(JudgeError, match=f"the last {DEAD_RUN} replies were all off-format"):
+        judge.judge([item])
+    judge.close()
+
+
+def test_the_constructor_reward_logs_the_judge_off_format_replies(chat_server):
+    from ragrl.kg.constructor import Document, Episode
+    from ragrl.kg.extraction import parse_triples
+    from ragrl.methods.graph_constructor import ConstructorEnvironment, GraphConstructorOptions
+
+    chat_server.reply = lambda body: (200, {"choices": [{"message": {"role": "assistant", "content": "Hmm"}}]})
+    options = GraphConstructorOptions(reward="carrier", judge="openai",
+                                      judge_endpoint={"model": "judge", "base_url": chat_server.url})
+    ep = Episode("q1", "Which company employs Ann Vole?", ("Brindle Co",), ("p1",), (Document("p1", "Ann Vole", "x"),))
+
+    class Traj:
+        turns = [parse_triples(arr(("Ann Vole", "employer", "Brindle Co")))]
+        complete = True
+
+    score = ConstructorEnvironment(options).score(ep, Traj())
+    assert score.reward == 0.0 and score.components["judge_offformat"] == 1.0

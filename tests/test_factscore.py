@@ -401,3 +401,69 @@ def test_a_complete_model_dir_passes(tmp_path):
                                                   "type": "sentence_transformers.models.Transformer"}]))
     _model_dir(st / "0_Transformer", ["config.json", "pytorch_model.bin"])
     assert DenseRanker(str(st)).path == str(st)
+
+
+# --------------------------------------------------------------------------- replies without text or in the wrong format
+
+
+def _completion(content):
+    return 200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                              "finish_reason": "length" if content is None else "stop"}]}
+
+
+def _paper_cli(kb, chat_server, tmp_path, texts, *extra):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"topic": "Ossel Bridge", "text": t}) + "\n" for t in texts))
+    out = tmp_path / "scores.jsonl"
+    argv = ["factscore", "--backend", "paper", "--kb", str(kb), "--input", str(src), "--out", str(out),
+            "--base-url", chat_server.url, "--model", "judge", "--verifier", "llm", "--ranker", "", *extra]
+    return argv, out
+
+
+def test_cli_a_reply_without_content_is_an_error_naming_the_endpoint(kb, chat_server, tmp_path):
+    chat_server.reply = lambda body: _completion(None)
+    argv, out = _paper_cli(kb, chat_server, tmp_path, ["Ossel Bridge spans the Tamm."], "--max-retries", "1")
+    with pytest.raises(EndpointError, match=re.escape(f"chat endpoint at {chat_server.url}/chat/completions answered "
+                                                      "with no content 2 time(s) (model 'judge', finish_reason 'length')")):
+        main(argv)
+    assert len(chat_server.seen) == 2 and not out.exists()  # asked again once, then nothing written
+
+
+def test_cli_replies_all_off_format_are_an_error_and_some_are_counted(kb, chat_server, tmp_path, capsys):
+    chat_server.reply = lambda body: _completion("I like turtles.")
+    argv, out = _paper_cli(kb, chat_server, tmp_path, ["Ossel Bridge spans the Tamm.", "It opened in 1887.", "\n \n"])
+    with pytest.raises(EndpointError, match=re.escape(f"fact extraction at {chat_server.url}/chat/completions: all 2 "
+                                                      "replies were off-format")):
+        main(argv)
+    assert len(chat_server.seen) == 2 and not out.exists()  # the blank text is not sent
+    assert "2 of 2 replies off-format, read as no facts (2 of 2 so far)" in capsys.readouterr().err
+
+    def reply(body):
+        prompt = body["messages"][0]["content"]
+        if "STATEMENT TO VERIFY" in prompt:
+            return _completion("True")
+        return _completion("- Ossel Bridge spans the Tamm." if "spans" in prompt.rsplit("Text:", 1)[1] else "Hmm.")
+
+    chat_server.reply = reply
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "fact extraction at" in captured.err and "1 of 2 replies off-format, read as no facts" in captured.err
+    assert "'offformat_replies': {'extract': 1, 'verify': 0}" in captured.out
+    assert [json.loads(line)["n_supported"] for line in out.read_text().splitlines()] == [1, 0, 0]
+
+
+def test_a_run_of_off_format_grades_is_an_error(chat_server, capsys):
+    from ragrl.replies import DEAD_RUN
+
+    chat_server.reply = lambda body: _completion("Z")
+    grader = LLMGrader(ChatEndpoint(chat_server.url, "judge"))
+    item = ("Who designed Ossel Bridge?", ["Ida Marrow"], "Ida Marrow")
+    for _ in range(DEAD_RUN - 1):
+        assert grader.grade_many([item]) == ["unparsed"]  # a stray reply: KnowRL's reading, counted
+    assert grader.replies.offformat == DEAD_RUN - 1
+    assert "grader at" in capsys.readouterr().err
+    with pytest.raises(EndpointError, match=f"grader at {chat_server.url}/chat/completions: the last {DEAD_RUN} "
+                                            "replies were all off-format"):
+        grader.grade_many([item])
+    chat_server.reply = lambda body: _completion("A")
+    assert grader.grade_many([item]) == ["correct"] and grader.replies.run == 0  # a good reply ends the run

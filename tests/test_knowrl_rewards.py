@@ -82,7 +82,8 @@ def test_every_component_is_logged(db):
     _, comp = score(db, TABLE[2][0])
     assert comp == {"format": 1.0, "correct": -1.0, "fact": pytest.approx(E4), "factuality": pytest.approx(E4),
                     "fact_applied": 1.0, "refusal": 0.0, "is_correct": 0.0, "is_incorrect": 1.0, "n_facts": 2.0,
-                    "fact_precision": 1.0, "fact_missing_topic": 0.0}
+                    "fact_precision": 1.0, "fact_missing_topic": 0.0, "fact_offformat_replies": 0.0,
+                    "grade_unparsed": 0.0}
 
 
 def test_weights_and_the_ablation(db):
@@ -182,3 +183,31 @@ def test_a_corrupt_kb_fails_when_the_environment_is_made(db, tmp_path):
         get_method("knowrl").make_environment(recipe(bad), {})
     with pytest.raises(FileNotFoundError, match=f"knowledge base {tmp_path / 'none.db'}: no such file"):
         get_method("knowrl").make_environment(recipe(tmp_path / "none.db"), {})
+
+
+def test_the_reward_over_a_judge_endpoint_counts_off_format_replies_and_fails_on_null(db, chat_server):
+    """KnowRL's reward with the paper backend and the LLM grader against a real HTTP endpoint: an
+    off-format grade or fact list keeps KnowRL's reading and shows in the sample's components
+    (the step's log), a reply without content raises naming the endpoint."""
+    from ragrl.factscore.paper import EndpointError
+
+    replies = {"grade": "A", "facts": f"- {PERSON} was born in Port Velmar.", "verdict": "True"}
+
+    def reply(body):
+        prompt = body["messages"][0]["content"]
+        kind = "grade" if "Gold target:" in prompt else "verdict" if "STATEMENT TO VERIFY" in prompt else "facts"
+        return 200, {"choices": [{"message": {"role": "assistant", "content": replies[kind]}}]}
+
+    chat_server.reply = reply
+    options = {"factscore": "paper", "grader": "llm", "verifier": "llm", "ranker_model": None,
+               "endpoint": {"base_url": chat_server.url, "model": "judge", "max_retries": 0}}
+    text = f"<think>{PERSON} was born in Port Velmar.</think><answer>Port Velmar</answer>"
+    _, comp = score(db, text, **options)
+    assert (comp["correct"], comp["n_facts"], comp["grade_unparsed"], comp["fact_offformat_replies"]) == (2, 1, 0, 0)
+    replies.update(grade="Z", facts="Sure! Here they are.")
+    _, comp = score(db, text.replace("Port", "Old Port"), **options)
+    assert (comp["correct"], comp["n_facts"], comp["grade_unparsed"], comp["fact_offformat_replies"]) == (0, 0, 1, 1)
+    replies["grade"] = None
+    with pytest.raises(EndpointError, match=f"chat endpoint at {chat_server.url}/chat/completions answered with no "
+                                            "content"):
+        score(db, text.replace("Port", "New Port"), **options)

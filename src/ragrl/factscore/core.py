@@ -105,6 +105,14 @@ class FactScorer:
         self.missing_topics: set[str] = set()
         self.calls = {"extract": 0, "verify": 0}  # texts / facts sent to the backend (cache misses)
 
+    @property
+    def offformat(self) -> dict[str, int]:
+        """Replies of the backend's model in the wrong format so far, by call (none without a model)."""
+        return {"extract": 0, "verify": 0}
+
+    def require_usable_replies(self) -> None:
+        """Raise when every reply of the backend's model so far was in the wrong format."""
+
     def extract(self, texts: Sequence[str]) -> list[list[str]]:
         raise NotImplementedError
 

@@ -14,8 +14,11 @@ As KnowRL (train/reward_function/fact_reward.py, factscore/factscorer.py at zjun
 
 Differences, all about failure: requests go out concurrently (`max_workers`), transient failures
 are retried with backoff, and an endpoint still failing raises `EndpointUnavailable` (KnowRL's
-judge returns 0 and its fact scorer zeroes the whole batch on any exception). Prompt templates are
-filled by name in one pass, so model text is never read as a template.
+judge returns 0 and its fact scorer zeroes the whole batch on any exception). A reply without text
+is asked again, then raises; a reply in the wrong format (no fact list, no True/False, no grade)
+keeps KnowRL's reading but is counted and logged, and a run of them raises (ragrl.replies). A text
+without a non-blank line has no facts, without a request. Prompt templates are filled by name in
+one pass, so model text is never read as a template.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from ragrl.factscore.core import FactScorer, FactVerdict
+from ragrl.replies import DEAD_RUN, ReplyTally
 
 PROMPTS = Path(__file__).resolve().parents[3] / "resources" / "knowrl" / "prompts"
 GRADES = ("correct", "incorrect", "not_attempted", "unparsed")
@@ -84,26 +88,30 @@ class ChatEndpoint:
             return list(pool.map(self._one, prompts))
 
     def _one(self, prompt: str) -> str:
-        from ragrl.http_retry import request_with_retries
+        from ragrl.replies import chat_text
 
         body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
         self.requests += 1
-        response = request_with_retries(self.client, "POST", self.url, retries=self.max_retries,
-                                        backoff=self.backoff_s, max_backoff=self.max_backoff_s,
-                                        rejected=EndpointError, unavailable=EndpointUnavailable,
-                                        service="chat endpoint", json=body)
-        try:
-            content = response.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise EndpointError(f"{self.url}: not a chat completion: {response.text[:300]!r}") from None
-        # vLLM sends null content when a reply is all reasoning or cut off; that is an empty reply.
-        if content is not None and not isinstance(content, str):
-            raise EndpointError(f"{self.url}: message content is {type(content).__name__}, not text")
-        return content or ""
+        return chat_text(self.client, self.url, body, retries=self.max_retries, backoff=self.backoff_s,
+                         max_backoff=self.max_backoff_s, rejected=EndpointError, unavailable=EndpointUnavailable,
+                         service="chat endpoint")
+
+    def tally(self, role: str, reading: str, dead_run: int | None = DEAD_RUN, log=None) -> ReplyTally:
+        return ReplyTally(role, self.url, EndpointError, reading, dead_run, log)
 
 
 # --------------------------------------------------------------------------- reading replies
+
+
+def facts_stated(reply: str) -> bool:
+    """Whether a fact-extraction reply is in the prompt's format: a "- " list or NON_FACTUAL."""
+    return "NON_FACTUAL:" in reply or any(line.strip().startswith("- ") for line in reply.split("\n"))
+
+
+def verdict_stated(reply: str) -> bool:
+    """Whether a verification reply says True or False (else KnowRL's keyword fallback reads it)."""
+    return "true" in reply.lower() or "false" in reply.lower()
 
 
 def parse_atomic_facts(reply: str) -> list[str]:
@@ -240,12 +248,27 @@ class PaperFactScorer(FactScorer):
         self.ranker, self.top_k = ranker, top_k
         self.fact_prompt = load_prompt("atomic_facts.txt", prompts_dir)
         self.verify_prompt = load_prompt("verify.txt", prompts_dir)
+        self.replies = {"extract": endpoint.tally("fact extraction", "no facts", log=self.log),
+                        "verify": endpoint.tally("fact verification", "KnowRL's keyword rule", log=self.log)}
+
+    @property
+    def offformat(self) -> dict[str, int]:
+        return {k: t.offformat for k, t in self.replies.items()}
+
+    def require_usable_replies(self) -> None:
+        for tally in self.replies.values():
+            tally.require_usable()
 
     def extract(self, texts: Sequence[str]) -> list[list[str]]:
         # KnowRL's input: non-empty lines joined by blank lines.
-        prompts = [fill(self.fact_prompt, text="\n\n".join(ln.strip() for ln in t.split("\n") if ln.strip()))
-                   for t in texts]
-        return [parse_atomic_facts(r) for r in self.endpoint.complete(prompts)]
+        lines = [[ln.strip() for ln in t.split("\n") if ln.strip()] for t in texts]
+        asked = [i for i, ls in enumerate(lines) if ls]
+        replies = self.endpoint.complete([fill(self.fact_prompt, text="\n\n".join(lines[i])) for i in asked])
+        self.replies["extract"].record([facts_stated(r) for r in replies])
+        facts: list[list[str]] = [[] for _ in texts]
+        for i, reply in zip(asked, replies):
+            facts[i] = parse_atomic_facts(reply)
+        return facts
 
     def _evidence(self, topic: str, fact: str, passages: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         # Without an encoder every passage is evidence (a world document is one passage anyway).
@@ -267,16 +290,19 @@ class PaperFactScorer(FactScorer):
             return verdicts
         prompts = [fill(self.verify_prompt, topic=topic, fact=f.strip(),
                         context="\n\n".join(f"[{t}]\n{p}" for t, p in ev)) for f, ev in zip(facts, evidence)]
-        return [FactVerdict(f, parse_verdict(r), None) for f, r in zip(facts, self.endpoint.complete(prompts))]
+        replies = self.endpoint.complete(prompts)
+        self.replies["verify"].record([verdict_stated(r) for r in replies])
+        return [FactVerdict(f, parse_verdict(r), None) for f, r in zip(facts, replies)]
 
 
 class LLMGrader:
     """KnowRL's judge: correct / incorrect / not_attempted (or unparsed) per (question, gold, answer).
     A missing or empty answer is incorrect without a request, as in KnowRL."""
 
-    def __init__(self, endpoint: ChatEndpoint, prompts_dir=None) -> None:
+    def __init__(self, endpoint: ChatEndpoint, prompts_dir=None, dead_run: int | None = DEAD_RUN) -> None:
         self.endpoint = endpoint
         self.prompt = load_prompt("grader.txt", prompts_dir)
+        self.replies = endpoint.tally("grader", "unparsed (scores 0)", dead_run)
 
     def grade_many(self, items: Sequence[tuple[str, Sequence[str], str | None]]) -> list[str]:
         ask = [i for i, (_, _, a) in enumerate(items) if a is not None and a.strip()]
@@ -285,4 +311,5 @@ class LLMGrader:
         grades = ["incorrect"] * len(items)
         for i, reply in zip(ask, self.endpoint.complete(prompts)):
             grades[i] = parse_grade(reply)
+        self.replies.record([grades[i] != "unparsed" for i in ask])
         return grades

@@ -22,7 +22,8 @@ def read_items(path: str | os.PathLike) -> list[dict]:
 
 def score_file(scorer: FactScorer, path: str | os.PathLike, out: str | os.PathLike, batch_size: int = 64) -> dict:
     """Score every item (in batches: one extraction batch per `batch_size` texts); the output is
-    written only when all are scored."""
+    written only when all are scored, and not when every reply of the backend's model was in the
+    wrong format (its reading, no facts, would be every score)."""
     from ragrl.io import write_text
     from ragrl.progress import progress
 
@@ -32,9 +33,11 @@ def score_file(scorer: FactScorer, path: str | os.PathLike, out: str | os.PathLi
     for batch in progress(batches, f"factscore {Path(path).name}", unit="batch"):
         for item, fs in zip(batch, scorer.score_many([(it["topic"], it["text"]) for it in batch])):
             lines.append(json.dumps({"id": item["id"], **fs.to_dict()}, ensure_ascii=False))
+    scorer.require_usable_replies()
     write_text("\n".join(lines) + "\n", out)
     scored = [json.loads(line) for line in lines]
     n = len(scored)
     return {"items": n, "mean_score": sum(s["score"] for s in scored) / n,
             "mean_precision": sum(s["precision"] for s in scored) / n,
-            "missing_topics": len(scorer.missing_topics), "backend_calls": dict(scorer.calls)}
+            "missing_topics": len(scorer.missing_topics), "backend_calls": dict(scorer.calls),
+            "offformat_replies": scorer.offformat}

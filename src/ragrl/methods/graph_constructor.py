@@ -127,8 +127,13 @@ class ConstructorEnvironment:
             s = index_score(episode, trajectory.turns, trajectory.complete, embedder(o),
                             k=o.recall_k, top_triples=o.top_triples, limit=o.repetition_limit, ranking=ranking)
         else:
-            s = carrier_scores([episode], [(0, trajectory.turns, trajectory.complete)], _judge(o), None, hops=o.hops,
+            judge = _judge(o)
+            tally = getattr(judge, "replies", None)  # an LLM judge's: its off-format replies go into the log
+            before = tally.offformat if tally is not None else 0
+            s = carrier_scores([episode], [(0, trajectory.turns, trajectory.complete)], judge, None, hops=o.hops,
                                limit=o.repetition_limit)[0]
+            if tally is not None:
+                return Score(s.reward, None, {**s.components, "judge_offformat": float(tally.offformat - before)})
         return Score(s.reward, None, s.components)
 
 
@@ -161,13 +166,21 @@ def _endpoint_embedder(base_url: str, model: str, api_key: str | None):
 
 
 def _judge(options: GraphConstructorOptions):
-    from ragrl.rewards.autograph import ConnectivityJudge, OpenAIJudge
+    from ragrl.rewards.autograph import ConnectivityJudge
     from ragrl.serving import api_key, endpoint_url
 
     if options.judge == "openai":
-        base_url, model = endpoint_url(options.judge_endpoint)
-        return OpenAIJudge(base_url, model, api_key=api_key(options.judge_endpoint))
+        return _openai_judge(*endpoint_url(options.judge_endpoint), api_key(options.judge_endpoint))
     return ConnectivityJudge()
+
+
+# Cached: its count of off-format replies must outlive one trajectory's score to tell a dead
+# judge (a run of them) from a stray reply, and an HTTP client per score call costs a connection.
+@lru_cache(maxsize=2)
+def _openai_judge(base_url: str, model: str, api_key: str | None):
+    from ragrl.rewards.autograph import OpenAIJudge
+
+    return OpenAIJudge(base_url, model, api_key=api_key)
 
 
 def make_environment(recipe, backends: Mapping[str, Any]) -> ConstructorEnvironment:

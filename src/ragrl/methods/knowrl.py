@@ -183,13 +183,18 @@ def score_texts(options: KnowRLOptions, weights: Mapping[str, float],
                                           answer_text(t)) for (row, _), t in zip(samples, texts)])
     topics = [topic_of(row) for row, _ in samples]
     scorer = fact_scorer(options)
+    seen = sum(scorer.offformat.values())
     with_topic = [i for i, topic in enumerate(topics) if topic is not None]
     facts = dict(zip(with_topic, scorer.score_many([(topics[i], think_text(texts[i])) for i in with_topic])))
+    # Spread over the batch's samples, so that the step log's mean times its samples is the step's
+    # count (a cached reply serves later samples too, so which sample one belongs to is not kept).
+    offformat = (sum(scorer.offformat.values()) - seen) / max(len(samples), 1)
     out = []
     for i, text in enumerate(texts):
         fs = facts.get(i)
         fact_parts = {"n_facts": float(fs.n_facts if fs else 0), "fact_precision": fs.precision if fs else 0.0,
-                      "fact_missing_topic": float(fs is None or fs.missing_topic)}
+                      "fact_missing_topic": float(fs is None or fs.missing_topic),
+                      "fact_offformat_replies": offformat, "grade_unparsed": float(grades[i] == "unparsed")}
         out.append(knowrl_reward(format_reward(text, options.think_prefilled), grades[i], fs.score if fs else 0.0,
                                  fact_mode=options.fact_mode, weights=weights, fact_components=fact_parts))
     return out

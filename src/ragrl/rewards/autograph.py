@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -21,6 +22,7 @@ from typing import Protocol
 
 from ragrl.kg.extraction import Triple
 from ragrl.kg.text_graph import build_graph, name_matches, subgraph_triples
+from ragrl.replies import DEAD_RUN, ReplyTally
 
 REPETITION_LIMIT = 0.9  # AutoGraph-R1: a rollout with more than 90% repeated triples scores 0
 RECALL_K = 5
@@ -94,6 +96,11 @@ def read_verdict(text: object) -> bool:
     return isinstance(text, str) and "yes" in text.strip().lower()
 
 
+def verdict_stated(text: str) -> bool:
+    """Whether a reply says yes or no at all (else the authors' reading makes it a silent no)."""
+    return read_verdict(text) or re.search(r"\bno\b", text.lower()) is not None
+
+
 class JudgeError(RuntimeError):
     """The judge endpoint failed or answered something that is not a chat completion."""
 
@@ -102,11 +109,14 @@ class OpenAIJudge:
     """An LLM judge behind an OpenAI-compatible `/v1/chat/completions` endpoint (vLLM, SGLang).
 
     Requests of one batch go out concurrently; a failure raises `JudgeError` (a silent "no"
-    would train the constructor against a broken judge)."""
+    would train the constructor against a broken judge). So does a reply without text, after
+    `retries`; a reply saying neither yes nor no is read as no, as the authors do, and counted
+    (`replies`, logged), and `dead_run` of them in a row raise (ragrl.replies; None: never, for a
+    measurement that wants every reply)."""
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 120.0,
                  max_tokens: int = 8, concurrency: int = 8, retries: int = 2, system_prompt: str | None = None,
-                 user_prompt: str | None = None) -> None:
+                 user_prompt: str | None = None, dead_run: int | None = DEAD_RUN) -> None:
         import httpx
 
         from ragrl.http_retry import api_url
@@ -120,6 +130,7 @@ class OpenAIJudge:
         self.user_prompt = user_prompt
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
+        self.replies = ReplyTally("judge", self.url, JudgeError, "no", dead_run)
 
     def close(self) -> None:
         self._http.close()
@@ -128,22 +139,18 @@ class OpenAIJudge:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(self._one, items))
+            texts = list(pool.map(self._one, items))
+        self.replies.record([verdict_stated(t) for t in texts])
+        return [read_verdict(t) for t in texts]
 
-    def _one(self, item: JudgeItem) -> bool:
-        from ragrl.http_retry import request_with_retries
+    def _one(self, item: JudgeItem) -> str:
+        from ragrl.replies import chat_text
 
         body = {"model": self.model, "messages": judge_prompt(item, self.system_prompt, self.user_prompt),
                 "temperature": 0.0, "max_tokens": self.max_tokens}
-        response = request_with_retries(self._http, "POST", self.url, retries=self.retries, backoff=0.5,
-                                        max_backoff=8.0, rejected=JudgeError, unavailable=JudgeError,
-                                        service="judge", json=body)
-        try:
-            return read_verdict(response.json()["choices"][0]["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise JudgeError(f"judge at {self.url} answered without choices[0].message.content: "
-                             f"{response.text[:200]!r}") from exc
+        return chat_text(self._http, self.url, body, retries=self.retries, backoff=0.5, max_backoff=8.0,
+                         rejected=JudgeError, unavailable=JudgeError, service="judge")
 
 
 __all__ = ["ConnectivityJudge", "Judge", "JudgeError", "JudgeItem", "OpenAIJudge", "REPETITION_LIMIT", "RECALL_K",
-           "connected_answer", "judge_prompt", "penalised", "read_verdict", "recall_at_k"]
+           "connected_answer", "judge_prompt", "penalised", "read_verdict", "recall_at_k", "verdict_stated"]
