@@ -651,6 +651,107 @@ def all_outputs():
     return outputs
 
 
+# ---------------------------------------------------------------- results (rules/results.smk)
+
+def run_lineage():
+    """Every run of the results database → its family, step and the runs a reader compares it with
+    (ragrl.results.paired): start_run (what its model was trained from), variant_of (the same
+    policy or constructor with one thing changed: oracle or no retrieval, a graph's ranking, the
+    gold graph), ablation_of (a recipe sharing another's SFT start, sft.from, against that
+    recipe's RL run). All of it follows from the recipes and the runs() table, as the DAG does."""
+    recipe_map = recipe_runs()
+
+    def run_of(name, stage):
+        return next((r for r, run in recipe_map.items() if run["recipe"] == name and run["stage"] == stage), None)
+
+    def base_of(name):
+        # The untrained policy on the recipe's own task, else the shared base row.
+        shared = next((r for r, run in recipe_map.items() if run["stage"] == "base" and not run.get("own_datasets")), None)
+        return run_of(name, "base") or shared
+
+    out = {}
+    for run_id, run in recipe_map.items():
+        name, stage = run["recipe"], run["stage"]
+        owner = sft_owner(name)
+        entry = {"family": owner, "step": stage}
+        if stage == "sft":
+            entry["start_run"] = base_of(name)
+        elif stage == "rl":
+            entry["start_run"] = run_of(owner, "sft") if sft_enabled(name) else base_of(owner)
+            if owner != name:
+                entry["ablation_of"] = run_of(owner, "rl")
+        elif stage != "base":  # oracle, no_retrieval: the model of a trained (or base) run, evaluated otherwise
+            entry["variant_of"] = next((r for r, o in recipe_map.items() if o["model"] == run["model"]
+                                        and o["recipe"] == name and o["stage"] in ("base", "sft", "rl")), None)
+        out[run_id] = entry
+    out.update(_graph_lineage(out))
+    out.update(_harr_lineage())
+    return {r: {k: v for k, v in entry.items() if v is not None} for r, entry in out.items()}
+
+
+def _graph_lineage(recipe_lineage):
+    """The corpus-level graphs (graph_<g>) and their reader runs (graph_<g>_reader): a graph built
+    by a run takes that run's step and starts from the graph its start run built; a gold graph is
+    the variant of the graph an RL constructor built; a reader run varies the reader's own run."""
+    s = construct_kg_settings()
+    gold = s.get("gold", {})
+    recipe_map = recipe_runs()
+    built = {g: spec["run"] for g, spec in s.get("constructors", {}).items() if isinstance(spec, dict)}
+    # The model behind each constructor: a run's, or the base policy's ("policy").
+    models = {g: recipe_map[r]["model"] for g, r in built.items()}
+    models.update({g: policy_dir() for g, spec in s.get("constructors", {}).items() if spec == "policy"})
+
+    def graph_step(g):
+        if g in gold:
+            return "gold"
+        if g in built:
+            return recipe_lineage[built[g]]["step"]
+        return "base" if g in models else "model"
+
+    def built_by(run):
+        # The graph the model of `run` built (the base policy's, for a base run).
+        return next((g for g, m in models.items() if run and m == recipe_map[run]["model"]), None)
+
+    final = next((g for g, r in built.items() if recipe_lineage[r]["step"] == "rl"), None)
+
+    def links(g):
+        if g in gold:
+            return {"variant_of": final}
+        return {"start_run": built_by(recipe_lineage[built[g]].get("start_run"))} if g in built else {}
+
+    out = {}
+    for g in graph_names() if graph_manifests() else []:
+        out[f"graph_{g}"] = {"family": "construct_kg", "step": graph_step(g),
+                             **{k: f"graph_{v}" for k, v in links(g).items() if v}}
+    readers = graph_reader_runs(recipe_runs())
+    for g in graph_names() if readers else []:
+        entry = {"family": "construct_kg", "step": f"{graph_step(g)} graph",
+                 **{k: f"graph_{v}_reader" for k, v in links(g).items() if v}}
+        entry.setdefault("variant_of", s["reader"])
+        out[f"graph_{g}_reader"] = entry
+    return out
+
+
+def _harr_lineage():
+    """HARR's runs: a trained encoder starts from the frozen one; a trained run lacking a feature
+    the full run has (history-aware states) is its ablation (ragrl.recipe.HARR_RUNS's flags)."""
+    flags = harr_runs()
+    frozen = next((r for r, (trained, *_) in flags.items() if not trained), None)
+    full = next((r for r, (trained, *features) in flags.items() if trained and all(features)), None)
+    return {r: {"family": "harr", "step": "rl" if trained else "base", "start_run": frozen if trained else None,
+                "ablation_of": full if trained and not all(features) else None}
+            for r, (trained, *features) in flags.items()}
+
+
+def trained_runs():
+    """Runs with a training log in the results database (named by run id)."""
+    return [f"{r}_rl" for r in config["recipes"]] + harr_trained_runs()
+
+
+def run_families():
+    return list(dict.fromkeys(entry["family"] for entry in run_lineage().values()))
+
+
 # ---------------------------------------------------------------- construct_kg (rules/construct_kg.smk)
 
 

@@ -19,6 +19,7 @@ rule results_db:
         rule_gpus=lambda wc: recipe_json(rule_gpus()),
         tables=recipe_json(config["results"]["tables"]),
         main_metric=config["results"]["main_metric"],
+        lineage=lambda wc: recipe_json(run_lineage()),
     log:
         "logs/results_db.log",
     benchmark:
@@ -32,7 +33,7 @@ rule results_db:
         "python -m ragrl results build --db {output:q} --runs {input.runs:q} --evals {params.evals:q}"
         " --predictions {params.predictions:q} --train-logs {input.train_logs:q} --benchmarks-dir benchmarks"
         " --rule-gpus {params.rule_gpus:q} --tables {params.tables:q} --main-metric {params.main_metric:q}"
-        " > {log:q} 2>&1"
+        " --lineage {params.lineage:q} > {log:q} 2>&1"
 
 
 rule results_tables:
@@ -40,7 +41,9 @@ rule results_tables:
         f"{RESULTS}/ragrl.duckdb",
     output:
         report(
-            expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=table_names(), ext=["md", "csv", "tex"]),
+            expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=table_names(), ext=["md", "csv", "tex"])
+            # Each table's paired differences (run − the run it is compared with, 95% interval).
+            + expand(f"{RESULTS}/tables/{{name}}_delta.{{ext}}", name=table_names(), ext=["md", "csv"]),
             category="Tables",
         ),
     params:

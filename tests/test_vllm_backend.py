@@ -464,15 +464,17 @@ def test_harr_eval_with_the_generator_behind_vllm_matches_in_process(server, tmp
 
 def test_knowrl_paper_backend_over_vllm(server, tmp_path):
     """KnowRL's paper backend (atomic facts, LLM verification, the SimpleQA-style grader) against the
-    real vLLM server: vLLM accepts every request, and whatever the untrained tiny model replies (no
-    fact list, no verdict, no grade) is read without a crash. KnowRL's own few-shot prompts are
-    over 2,048 tokens in the tiny model's 600-token vocabulary (vLLM rejects them, and the backend
-    raises naming the endpoint and vLLM's reason), so the prompts here are short ones with the same
-    placeholders. What the replies mean is tested against the rule-based stand-in in
-    tests/test_factscore.py."""
+    real vLLM server. KnowRL's own few-shot prompts are over 2,048 tokens in the tiny model's
+    600-token vocabulary (vLLM rejects them, and the backend raises naming the endpoint and vLLM's
+    reason), so the prompts here are short ones with the same placeholders. vLLM accepts every
+    request, and the untrained tiny model's greedy reply to each is newlines up to max_tokens
+    (finish_reason length): no text, which is asked again and then an error naming the endpoint
+    (it was read as no facts, a supported fact and an unparsed grade). What replies with text
+    mean is tested against the rule-based stand-in in tests/test_factscore.py."""
     import json
+    import re
 
-    from ragrl.factscore.paper import GRADES, ChatEndpoint, LLMGrader, PaperFactScorer
+    from ragrl.factscore.paper import ChatEndpoint, EndpointError, LLMGrader, PaperFactScorer
     from ragrl.kb.build import build_kb
 
     passage = "Ossel Bridge spans the Tamm. It opened in 1887."
@@ -484,19 +486,20 @@ def test_knowrl_paper_backend_over_vllm(server, tmp_path):
     (prompts / "verify.txt").write_text("Context about {topic}:\n{context}\nStatement: {fact}\nTrue or False?")
     (prompts / "grader.txt").write_text("Question: {question}\nGold target: {gold_answer}\n"
                                         "Predicted answer: {answer}\nGrade: A, B or C?")
-    endpoint = ChatEndpoint(server.url, SERVED_NAME, max_tokens=16, timeout_s=300, max_retries=1)
+    endpoint = ChatEndpoint(server.url, SERVED_NAME, max_tokens=16, timeout_s=300, max_retries=1, backoff_s=0.01)
+    no_text = re.escape(f"chat endpoint at {server.url}/v1/chat/completions answered with no content 2 time(s) "
+                        f"(model '{SERVED_NAME}', finish_reason 'length')")
     scorer = PaperFactScorer(tmp_path / "knowledge_base.db", endpoint, prompts_dir=prompts)
-    fs = scorer.score("Ossel Bridge", "Ossel Bridge spans the Tamm. It opened in 1901.")
-    assert not fs.missing_topic and 0.0 <= fs.score <= 1.0
-    assert endpoint.requests == 1 + fs.n_facts  # one extraction, one verification per fact
-    facts = ["Ossel Bridge spans the Tamm.", "Ossel Bridge opened in 1901."]
-    verdicts = scorer.verify("Ossel Bridge", facts, [("Ossel Bridge", passage)])
-    assert [v.fact for v in verdicts] == facts and all(isinstance(v.supported, bool) for v in verdicts)
-    assert endpoint.requests == 3 + fs.n_facts
-    grades = LLMGrader(endpoint, prompts_dir=prompts).grade_many([("Who designed Ossel Bridge?", ["Ida Marrow"], "Ida Marrow"),
-                                             ("Who designed Ossel Bridge?", ["Ida Marrow"], None)])
-    assert grades[0] in GRADES and grades[1] == "incorrect"  # no answer: incorrect without a request
-    assert endpoint.requests == 4 + fs.n_facts
+    with pytest.raises(EndpointError, match=no_text):
+        scorer.score("Ossel Bridge", "Ossel Bridge spans the Tamm. It opened in 1901.")
+    with pytest.raises(EndpointError, match=no_text):
+        scorer.verify("Ossel Bridge", ["Ossel Bridge spans the Tamm."], [("Ossel Bridge", passage)])
+    grader = LLMGrader(endpoint, prompts_dir=prompts)
+    with pytest.raises(EndpointError, match=no_text):
+        grader.grade_many([("Who designed Ossel Bridge?", ["Ida Marrow"], "Ida Marrow")])
+    assert endpoint.requests == 3  # prompts sent (each twice)
+    assert grader.grade_many([("Who designed Ossel Bridge?", ["Ida Marrow"], None)]) == ["incorrect"]
+    assert endpoint.requests == 3  # no answer: incorrect without a request
     endpoint.close()
 
 

@@ -381,14 +381,15 @@ def _cmd_results_build(args: argparse.Namespace) -> None:
     build_database(args.db, runs=args.runs, evals=args.evals, predictions=args.predictions,
                    train_logs=args.train_logs or [], benchmarks=benchmarks, rule_gpus=json.loads(args.rule_gpus),
                    table_specs=json.loads(args.tables), main_metric=args.main_metric,
-                   benchmarks_root=args.benchmarks_dir)
+                   benchmarks_root=args.benchmarks_dir, lineage=json.loads(args.lineage))
     print(f"results database written to {args.db}")
 
 
 def _cmd_results_tables(args: argparse.Namespace) -> None:
-    from ragrl.results import render_tables
+    from ragrl.results import render_delta_tables, render_tables
 
-    for path in render_tables(args.db, json.loads(args.tables), args.out_dir):
+    specs = json.loads(args.tables)
+    for path in [*render_tables(args.db, specs, args.out_dir), *render_delta_tables(args.db, specs, args.out_dir)]:
         print(f"wrote {path}")
 
 
@@ -759,8 +760,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rule-gpus", default="{}", help="JSON: rule → GPUs it requests (for GPU-hours)")
     p.add_argument("--tables", default="[]", help="JSON list of table specs (views table_<name>)")
     p.add_argument("--main-metric", default="em")
+    p.add_argument("--lineage", default="{}", help="JSON: run → {family, step, start_run, variant_of, ablation_of}, "
+                   "what the paired comparisons come from (ragrl.results.paired)")
     p.set_defaults(func=_cmd_results_build)
-    p = results.add_parser("tables", help="paper-style tables (md, csv, tex) from table specs")
+    p = results.add_parser("tables", help="paper-style tables (md, csv, tex) from table specs, and each "
+                           "table's paired differences (<name>_delta.md, .csv)")
     p.add_argument("--db", type=Path, required=True)
     p.add_argument("--tables", required=True, help="JSON list of table specs")
     p.add_argument("--out-dir", type=Path, required=True)

@@ -9,10 +9,14 @@ Inputs (written by the workflow; see the module functions for the exact checks):
   from the two parent directory names)
 * training logs ``results/train/{run}/train_log.jsonl`` (run from the parent directory name)
 * Snakemake benchmark files ``benchmarks/{rule}.tsv`` or ``benchmarks/{rule}/{w1}/{w2}.tsv``
+* optionally each run's lineage (the workflow's ``--lineage``, `ragrl.results.paired`): its family,
+  step, and the runs it started from / varies / ablates
 
 Tables::
 
-    runs        (run_id, recipe, model, config_hash, git_commit, seeds JSON, stage, extra JSON)
+    runs        (run_id, recipe, model, config_hash, git_commit, seeds JSON, stage, extra JSON,
+                 family, step, start_run, variant_of, ablation_of)  -- lineage; a run the lineage
+                 does not name: family = recipe, step = stage, no links
     evals       (run_id, dataset, metric, value DOUBLE, n BIGINT, ci_low DOUBLE, ci_high DOUBLE)
                  -- run x dataset x metric; ci_*: 95% bootstrap interval (NULL if not given)
     evals_by_type (run_id, dataset, question_type, metric, value, n, ci_low, ci_high) -- the same
@@ -25,7 +29,11 @@ Tables::
                  response_length, searches_per_trajectory, lr, step_time_s, <other logged keys>)
     jobs        (rule, wildcards, wall_s, max_rss_mb, cpu_s, mean_load, gpu INTEGER,
                  gpu_hours, benchmark_file, repeat INTEGER)  -- one row per benchmark data row
-    meta        (key, value JSON)                               -- main_metric, table_specs
+    paired      (run_id, baseline, relation, family, dataset, metric, n BIGINT, mean_run, mean_baseline,
+                 diff, ci_low, ci_high)  -- run - baseline over the n questions both answered with a
+                 value; ci_*: 95% paired bootstrap interval (meta paired_bootstrap: resamples, seed);
+                 dataset "<dataset>:<type>" per question type; which pairs and metrics: paired.py
+    meta        (key, value JSON)              -- main_metric, table_specs, paired_bootstrap
 
 Views::
 
@@ -75,6 +83,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragrl.errors import DataFormatError
+from ragrl.results import paired
 from ragrl.results.query import one_line, quote_ident, sql_literal
 from ragrl.results.tables import TableSpec, check_spec, normalize_spec, table_sql
 
@@ -93,7 +102,8 @@ _SCHEMA = """
 CREATE TABLE runs (
     run_id VARCHAR PRIMARY KEY, recipe VARCHAR NOT NULL, model VARCHAR NOT NULL,
     config_hash VARCHAR NOT NULL, git_commit VARCHAR NOT NULL, seeds JSON NOT NULL,
-    stage VARCHAR NOT NULL, extra JSON NOT NULL);
+    stage VARCHAR NOT NULL, extra JSON NOT NULL, family VARCHAR NOT NULL, step VARCHAR NOT NULL,
+    start_run VARCHAR, variant_of VARCHAR, ablation_of VARCHAR);
 CREATE TABLE evals (
     run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, metric VARCHAR NOT NULL, value DOUBLE,
     n BIGINT NOT NULL, ci_low DOUBLE, ci_high DOUBLE, PRIMARY KEY (run_id, dataset, metric));
@@ -105,6 +115,10 @@ CREATE TABLE jobs (
     rule VARCHAR NOT NULL, wildcards VARCHAR NOT NULL, wall_s DOUBLE, max_rss_mb DOUBLE,
     cpu_s DOUBLE, mean_load DOUBLE, gpu INTEGER NOT NULL, gpu_hours DOUBLE,
     benchmark_file VARCHAR NOT NULL, "repeat" INTEGER NOT NULL);
+CREATE TABLE paired (
+    run_id VARCHAR NOT NULL, baseline VARCHAR NOT NULL, relation VARCHAR NOT NULL, family VARCHAR NOT NULL,
+    dataset VARCHAR NOT NULL, metric VARCHAR NOT NULL, n BIGINT NOT NULL, mean_run DOUBLE, mean_baseline DOUBLE,
+    diff DOUBLE, ci_low DOUBLE, ci_high DOUBLE, PRIMARY KEY (run_id, baseline, dataset, metric));
 CREATE TABLE meta (key VARCHAR PRIMARY KEY, value JSON);
 """
 
@@ -368,8 +382,12 @@ def build_database(
     table_specs: Sequence[Mapping[str, Any]],
     main_metric: str = "em",
     benchmarks_root: PathLike | None = None,
+    lineage: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
-    """Validate all inputs, then build the DuckDB file at `db_path` atomically. Returns its path."""
+    """Validate all inputs, then build the DuckDB file at `db_path` atomically. Returns its path.
+
+    `lineage`: run -> {family, step, start_run, variant_of, ablation_of} (`ragrl.results.paired`);
+    the runs it names must have manifests among `runs`."""
     db_path = Path(db_path)
     if not isinstance(main_metric, str) or not main_metric:
         raise ValueError(f"main_metric must be a non-empty string, got {main_metric!r}")
@@ -392,6 +410,7 @@ def build_database(
                                      f"{run_files[row['run_id']]}", field="run_id")
         run_files[row["run_id"]] = p
         run_rows.append(row)
+    lineages = paired.parse_lineage(lineage or {}, {r["run_id"]: (r["recipe"], r["stage"]) for r in run_rows})
 
     def known_run(run_id: str, path: Path, how: str, field: str | None = None) -> None:
         if run_id not in run_files:
@@ -474,7 +493,7 @@ def build_database(
         con = duckdb.connect(str(tmp_db), config={"storage_compatibility_version": STORAGE_VERSION})
         try:
             _write_all(con, run_rows, eval_rows, type_rows, pred_map, pred_cols, train_records, extra_keys,
-                       bench, dict(rule_gpus), specs, main_metric)
+                       bench, dict(rule_gpus), specs, main_metric, lineages)
             con.execute("CHECKPOINT")
         except duckdb.Error as exc:
             raise ValueError(f"{db_path}: building the results database failed: "
@@ -490,15 +509,16 @@ def build_database(
 
 
 def _write_all(con, run_rows, eval_rows, type_rows, pred_map, pred_cols, train_records, extra_keys,
-               bench, rule_gpus, specs, main_metric) -> None:
+               bench, rule_gpus, specs, main_metric, lineages) -> None:
     con.execute(_SCHEMA)
     cols = ", ".join(("run_id", "recipe", "model", "config_hash", "git_commit", "seeds", "stage",
-                      "extra"))
+                      "extra") + paired.LINEAGE_FIELDS)
     if run_rows:
         con.executemany(
-            f"INSERT INTO runs ({cols}) VALUES (?, ?, ?, ?, ?, ?::JSON, ?, ?::JSON)",
+            f"INSERT INTO runs ({cols}) VALUES (?, ?, ?, ?, ?, ?::JSON, ?, ?::JSON, ?, ?, ?, ?, ?)",
             [[r["run_id"], r["recipe"], r["model"], r["config_hash"], r["git_commit"],
-              r["seeds"], r["stage"], r["extra"]] for r in run_rows])
+              r["seeds"], r["stage"], r["extra"],
+              *(getattr(lineages[r["run_id"]], k) for k in paired.LINEAGE_FIELDS)] for r in run_rows])
     if eval_rows:
         con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
     if type_rows:
@@ -565,9 +585,18 @@ def _write_all(con, run_rows, eval_rows, type_rows, pred_map, pred_cols, train_r
         if loaded != nrows:
             raise DataFormatError(path, f"expected {nrows} data rows, DuckDB read {loaded}")
 
+    # paired comparisons, from the predictions just loaded
+    tables = [(s.metric, s.runs) for s in specs]
+    pairs = paired.derive_pairs(lineages, [s.runs for s in specs])
+    rows = paired.paired_rows(con, pairs, lineages, tables, main_metric)
+    if rows:
+        con.executemany(f"INSERT INTO paired VALUES ({', '.join('?' * len(paired.PAIRED_COLUMNS))})", rows)
+
     # meta + views
-    con.execute("INSERT INTO meta VALUES ('main_metric', ?::JSON), ('table_specs', ?::JSON)",
-                [json.dumps(main_metric), json.dumps([dataclasses.asdict(s) for s in specs])])
+    bootstrap = {"resamples": paired.RESAMPLES, "seed": paired.SEED, "level": paired.LEVEL}
+    con.execute("INSERT INTO meta VALUES ('main_metric', ?::JSON), ('table_specs', ?::JSON), "
+                "('paired_bootstrap', ?::JSON)",
+                [json.dumps(main_metric), json.dumps([dataclasses.asdict(s) for s in specs]), json.dumps(bootstrap)])
     metric = sql_literal(main_metric)
     con.execute(f"""
 CREATE VIEW leaderboard AS

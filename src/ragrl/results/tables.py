@@ -25,12 +25,19 @@ Rendering conventions (all three files list rows in spec order, columns in datas
   ``*`` suffix (``0.512*``); a missing cell is ``–``. Strip a trailing ``*`` to get the number.
 * LaTeX: a booktabs ``table`` (needs ``\\usepackage{booktabs}``); best cell ``\\textbf{0.512}``;
   missing cell ``--`` (LaTeX's en dash); labels, dataset names and the title are escaped.
+
+`render_delta_tables` writes next to each table ``{name}_delta.md`` / ``.csv``: the `paired` rows
+(ragrl.results.paired) of the table's metric whose two runs are both rows of the table, one row per
+pair, one column per dataset of the table: ``+0.120 [+0.040, +0.200] (n=100)`` (run − baseline,
+95% paired bootstrap interval; bold when the interval is clear of 0). The CSV is long: one line per
+pair and dataset.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -370,6 +377,108 @@ def render_tables(db_path: str | os.PathLike, specs: Sequence[Mapping[str, Any]]
             (out_dir / f"{t.spec.name}.csv", render_csv(t)),
             (out_dir / f"{t.spec.name}.tex", render_latex(t)),
         ]
+    for path, text in rendered:
+        write_utf8(text, path)
+    return [p for p, _ in rendered]
+
+
+# --------------------------------------------------------------------------------------------
+# paired differences next to each table
+# --------------------------------------------------------------------------------------------
+
+DELTA_COLUMNS = ("run_id", "baseline", "relation", "dataset", "n", "mean_run", "mean_baseline", "diff",
+                 "ci_low", "ci_high")
+
+
+@dataclass
+class DeltaData:
+    spec: TableSpec
+    pairs: list[tuple[str, str, str]]  # (run, baseline, relation), in the table's row order
+    datasets: list[str]
+    cells: dict[tuple[str, str, str], tuple]  # (run, baseline, dataset) -> DELTA_COLUMNS row
+    bootstrap: dict[str, Any]
+
+
+def load_delta(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> DeltaData:
+    """The `paired` rows of a table: its metric, pairs of two of its runs, its datasets."""
+    if not _has_table(con, "paired"):
+        raise ValueError(f"table spec '{spec.name}': the database has no paired table (built before paired "
+                         "comparisons existed); rebuild it")
+    rows = con.execute(f"SELECT {', '.join(DELTA_COLUMNS)} FROM paired WHERE metric = ? ORDER BY rowid",
+                       [spec.metric]).fetchall()
+    listed = {r: i for i, r in enumerate(spec.runs)} if spec.runs is not None else None
+    rows = [r for r in rows if listed is None or (r[0] in listed and r[1] in listed)]
+    datasets = list(spec.datasets) if spec.datasets is not None else sorted({r[3] for r in rows if ":" not in r[3]})
+    rows = [r for r in rows if r[3] in datasets]
+    pairs = list(dict.fromkeys((r[0], r[1], r[2]) for r in rows))
+    if listed is not None:
+        pairs.sort(key=lambda p: (listed[p[0]], listed[p[1]]))
+    (bootstrap,) = con.execute("SELECT value FROM meta WHERE key = 'paired_bootstrap'").fetchone() or ("{}",)
+    return DeltaData(spec, pairs, datasets, {(r[0], r[1], r[3]): r for r in rows}, json.loads(bootstrap))
+
+
+def _delta_cell(row: tuple | None, precision: int) -> str:
+    if row is None:
+        return MISSING
+    n, diff, low, high = row[4], row[7], row[8], row[9]
+    text = f"{diff:+.{precision}f} [{low:+.{precision}f}, {high:+.{precision}f}] (n={n})"
+    return f"**{text}**" if low > 0 or high < 0 else text
+
+
+def render_delta_markdown(d: DeltaData) -> str:
+    spec, b = d.spec, d.bootstrap
+    how = (f"95% paired bootstrap interval, {b['resamples']:,} resamples of the questions, seed {b['seed']}"
+           if b else "95% paired bootstrap interval")
+    lines = [
+        f"**{_md_escape(spec.title)}: paired differences** ({_md_escape(spec.metric)}{_direction(spec)}; "
+        f"run − baseline, mean over the n questions both answered; {how}; bold: interval clear of 0; "
+        f"{MISSING} = no shared questions)",
+        "",
+    ]
+    if not d.pairs:
+        return "\n".join(lines + ["No two runs of this table are a compared pair.", ""])
+    lines += [
+        "| " + " | ".join(["run", "baseline", "relation"] + [_md_escape(ds) for ds in d.datasets]) + " |",
+        "|" + "|".join([":---"] * 3 + ["---:"] * len(d.datasets)) + "|",
+    ]
+    for run, baseline, relation in d.pairs:
+        cells = [_delta_cell(d.cells.get((run, baseline, ds)), spec.precision) for ds in d.datasets]
+        lines.append("| " + " | ".join([_md_escape(run), _md_escape(baseline), _md_escape(relation)] + cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_delta_csv(d: DeltaData) -> str:
+    """Long format: one line per pair and dataset with values (DELTA_COLUMNS), full precision."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(DELTA_COLUMNS)
+    for run, baseline, _ in d.pairs:
+        for ds in d.datasets:
+            row = d.cells.get((run, baseline, ds))
+            if row is not None:
+                writer.writerow([repr(v) if isinstance(v, float) else v for v in row])
+    return buf.getvalue()
+
+
+def render_delta_tables(db_path: str | os.PathLike, specs: Sequence[Mapping[str, Any]],
+                        out_dir: str | os.PathLike) -> list[Path]:
+    """Write `{name}_delta.md` and `{name}_delta.csv` for each spec: the paired differences
+    (`paired` table) between two runs of the table, in its metric, per dataset column."""
+    out_dir = Path(out_dir)
+    con = connect_read_only(db_path)
+    try:
+        default_metric = _default_metric(con)
+        norm = [normalize_spec(s, default_metric=default_metric) for s in specs]
+        try:
+            deltas = [load_delta(con, s) for s in norm]
+        except duckdb.Error as exc:
+            raise ValueError(f"{db_path}: rendering delta tables failed: {one_line(exc)}") from exc
+    finally:
+        con.close()
+    rendered = []
+    for d in deltas:
+        rendered += [(out_dir / f"{d.spec.name}_delta.md", render_delta_markdown(d)),
+                     (out_dir / f"{d.spec.name}_delta.csv", render_delta_csv(d))]
     for path, text in rendered:
         write_utf8(text, path)
     return [p for p, _ in rendered]
