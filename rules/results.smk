@@ -67,8 +67,11 @@ rule results_plots:
         f"{RESULTS}/ragrl.duckdb",
     output:
         report(
-            [f"{RESULTS}/plots/{r}_rl_training.png" for r in config["recipes"]]
-            + [f"{RESULTS}/plots/metrics_{safe_name(m)}.png" for m in config["results"]["plot_metrics"]],
+            [f"{RESULTS}/plots/{safe_name(r)}_training.png" for r in trained_runs()]
+            + [f"{RESULTS}/plots/reward_curves.png"]
+            + [f"{RESULTS}/plots/{kind}_{safe_name(m)}.png" for kind in ("metrics", "paired")
+               for m in config["results"]["plot_metrics"]]
+            + [f"{RESULTS}/plots/family_{safe_name(f)}.png" for f in run_families()],
             category="Plots",
         ),
     params:

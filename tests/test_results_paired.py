@@ -1,11 +1,12 @@
-"""Paired comparisons (ragrl.results.paired), their DuckDB table and delta tables, and the lineage
-the workflow derives from the recipes."""
+"""Paired comparisons (ragrl.results.paired), their DuckDB table and delta tables, the family /
+forest / reward-curve figures, and the lineage the workflow derives from the recipes."""
 
 from __future__ import annotations
 
 import json
 import os
 import shlex
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ragrl.results import build_database, render_delta_tables
+from ragrl.results import (build_database, plot_families, plot_metrics, plot_paired, plot_reward_curves,
+                           plot_training, render_delta_tables)
 from ragrl.results.paired import Lineage, derive_pairs, family_order, paired_bootstrap, parse_lineage
+from ragrl.results.plots import (MAX_ROWS, family_figure, metrics_figure, paired_figure, reward_curves_figure,
+                                 smoothing_window, trailing_mean)
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -397,3 +401,122 @@ def test_delta_tables_next_to_the_tables(paired_db, tmp_path):
     # A table of two runs that are no pair says so.
     none = render_delta_tables(paired_db, [{"name": "x", "runs": ["base", "search_oracle"]}], tmp_path)
     assert "No two runs of this table are a compared pair." in none[0].read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def panel_series(fig) -> list[int]:
+    """Per drawn panel: how many runs or pairs it lists (y tick labels) and its legend entries."""
+    out = []
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+        legend = ax.get_legend()
+        out.append(max(len(labels), len(legend.get_texts()) if legend else 0))
+    return out
+
+
+def many_runs_db(root: Path, n_runs: int = 25) -> Path:
+    """One family with `n_runs` runs (a seed sweep, say), each an RL run started from one SFT run."""
+    runs = {"sft": ("fam", "sft", nq([0.0, 1.0, 0.0, 1.0]))}
+    lineage = {"sft": {"family": "fam", "step": "sft"}}
+    for i in range(n_runs):
+        em = [float((i + j) % 2) for j in range(4)]
+        runs[f"rl_seed{i}"] = ("fam", "rl", nq(em), [{"step": 0, "reward_mean": 0.1 * i}])
+        lineage[f"rl_seed{i}"] = {"family": "fam", "step": "rl", "start_run": "sft"}
+    return build(root, runs, lineage, [])
+
+
+def test_figures_are_written_and_readable(paired_db, tmp_path):
+    out = tmp_path / "plots"
+    paths = [plot_metrics(paired_db, out, "em"), plot_paired(paired_db, out, "em"),
+             plot_reward_curves(paired_db, out), *plot_families(paired_db, out), *plot_training(paired_db, out)]
+    assert sorted(p.name for p in paths) == ["family_kg.png", "family_search.png", "metrics_em.png", "paired_em.png",
+                                             "reward_curves.png", "search_rl_training.png"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in paths)  # no temp files left
+    for p in paths:
+        width, height = png_size(p)
+        assert width <= 2000 and height <= 2000, (p.name, width, height)
+    family = family_figure(paired_db, "search")
+    # Runs in pipeline order on the left; the forest's rows are the pairs, with a line at 0.
+    runs_ax, forest_ax = family.axes[0], family.axes[1]
+    assert [t.get_text() for t in runs_ax.get_yticklabels()] == ["base", "search_sft", "search_rl", "search_oracle"]
+    assert [t.get_text() for t in forest_ax.get_yticklabels()] == [
+        "search_sft − base (sft vs base)", "search_rl − search_sft (rl vs sft)", "search_oracle − search_rl (oracle vs rl)"]
+    assert any(list(line.get_xdata()) == [0, 0] for line in forest_ax.get_lines())
+
+
+def test_a_large_family_is_split_into_readable_panels(tmp_path):
+    db = many_runs_db(tmp_path)
+    for fig in (metrics_figure(db, "em"), paired_figure(db, "em"), family_figure(db, "fam"), reward_curves_figure(db)):
+        counts = panel_series(fig)
+        assert counts and max(counts) <= MAX_ROWS, counts
+        width, height = fig.get_size_inches() * fig.dpi
+        assert width <= 2000, width
+    # All 26 runs are still drawn, split over panels of at most MAX_ROWS.
+    assert sum(panel_series(metrics_figure(db, "em"))) == 26
+    assert sum(panel_series(paired_figure(db, "em"))) == 25
+
+
+def test_reward_curves_show_raw_smoothed_and_tied_share(paired_db):
+    fig = reward_curves_figure(paired_db)
+    ax = fig.axes[0]
+    assert ax.get_title() == "search_rl"
+    raw, smooth = ax.get_lines()[:2]
+    assert list(raw.get_ydata()) == pytest.approx([0.1 * s for s in range(12)])
+    w = smoothing_window(12)
+    assert list(smooth.get_ydata()) == pytest.approx(trailing_mean([0.1 * s for s in range(12)], w))
+    (tied,) = [line for a in fig.axes for line in a.get_lines() if line.get_label() == "tied-group share"]
+    assert list(tied.get_ydata()) == pytest.approx([0.5 - 0.05 * s for s in range(12)])
+
+
+def test_trailing_mean_by_hand():
+    assert trailing_mean([1, 2, 3, 4, 5], 3) == [1, 1.5, 2, 3, 4]
+    assert trailing_mean([2, 4], 1) == [2, 4]
+    assert smoothing_window(8) == 3 and smoothing_window(100) == 10 and smoothing_window(2) == 2
+    with pytest.raises(ValueError):
+        trailing_mean([1], 0)
+
+
+def test_a_log_without_tied_share_says_so(tmp_path):
+    runs = {"r": ("x", "rl", nq([1.0, 0.0, 1.0, 0.0]), [{"step": 0, "reward_mean": 0.2}, {"step": 1, "reward_mean": 0.4}])}
+    db = build(tmp_path, runs, {}, [])
+    fig = reward_curves_figure(db)
+    assert any(t.get_text() == "tied-group share not logged" for a in fig.axes for t in a.texts)
+    plot_training(db, tmp_path / "plots")
+    assert png_size(tmp_path / "plots" / "r_training.png")[0] <= 2000
+
+
+def test_cli_builds_tables_and_plots_from_the_lineage(tmp_path):
+    """`ragrl results build --lineage`, `results tables` and `results plots`, as the rules run them."""
+    inputs = {k: [] for k in ("runs", "evals", "predictions", "train_logs")}
+    for run_id, (recipe, stage, preds, *log) in PAIRED_RUNS.items():
+        for key, paths in write_run(tmp_path, run_id, recipe, stage, preds, log[0] if log else None).items():
+            inputs[key] += [str(p) for p in paths]
+    db = tmp_path / "cli.duckdb"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    run = [sys.executable, "-m", "ragrl", "results"]
+    subprocess.run([*run, "build", "--db", str(db), "--runs", *inputs["runs"], "--evals", *inputs["evals"],
+                    "--predictions", *inputs["predictions"], "--train-logs", *inputs["train_logs"],
+                    "--tables", json.dumps(PAIRED_TABLES), "--lineage", json.dumps(PAIRED_LINEAGE)],
+                   check=True, env=env, capture_output=True)
+    assert q(db, "SELECT count(*) FROM paired") == [(9,)]
+    subprocess.run([*run, "tables", "--db", str(db), "--tables", json.dumps(PAIRED_TABLES), "--out-dir",
+                    str(tmp_path / "tables")], check=True, env=env, capture_output=True)
+    assert sorted(p.name for p in (tmp_path / "tables").iterdir()) == [
+        "main.csv", "main.md", "main.tex", "main_delta.csv", "main_delta.md"]
+    subprocess.run([*run, "plots", "--db", str(db), "--metrics", "em", "f1", "--out-dir", str(tmp_path / "plots")],
+                   check=True, env=env, capture_output=True)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "family_kg.png", "family_search.png", "metrics_em.png", "metrics_f1.png", "paired_em.png", "paired_f1.png",
+        "reward_curves.png", "search_rl_training.png"]
+

@@ -394,9 +394,12 @@ def _cmd_results_tables(args: argparse.Namespace) -> None:
 
 
 def _cmd_results_plots(args: argparse.Namespace) -> None:
-    from ragrl.results import plot_metrics, plot_training
+    from ragrl.results import plot_families, plot_metrics, plot_paired, plot_reward_curves, plot_training
 
-    for path in [*plot_training(args.db, args.out_dir), *(plot_metrics(args.db, args.out_dir, m) for m in args.metrics)]:
+    for path in [*plot_training(args.db, args.out_dir), plot_reward_curves(args.db, args.out_dir),
+                 *(plot_metrics(args.db, args.out_dir, m) for m in args.metrics),
+                 *(plot_paired(args.db, args.out_dir, m) for m in args.metrics),
+                 *plot_families(args.db, args.out_dir)]:
         print(f"wrote {path}")
 
 
@@ -769,7 +772,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", required=True, help="JSON list of table specs")
     p.add_argument("--out-dir", type=Path, required=True)
     p.set_defaults(func=_cmd_results_tables)
-    p = results.add_parser("plots", help="training curves per run and metric bars per dataset (PNG)")
+    p = results.add_parser("plots", help="training and reward curves, runs per family with intervals, "
+                           "paired differences (PNG)")
     p.add_argument("--db", type=Path, required=True)
     p.add_argument("--metrics", nargs="+", default=["em"])
     p.add_argument("--out-dir", type=Path, required=True)
@@ -868,26 +872,16 @@ def main(argv: list[str] | None = None) -> int:
     # (stderr for `query`, whose stdout is data a user may pipe).
     echo = sys.stderr if args.command == "query" else sys.stdout
     print("$ ragrl " + " ".join(shlex.quote(a) for a in argv), file=echo, flush=True)
+    from ragrl.workdir import WorkDirBusy
+
     try:
         args.func(args)
-    except Exception as exc:
-        if not isinstance(exc, _user_facing_errors()):
-            raise
+    except (ValueError, FileNotFoundError, ImportError, WorkDirBusy) as exc:
+        # Expected, user-facing failures (bad input, bad config, a work directory another job
+        # holds): one clear line, no traceback.
         print(f"ragrl {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-# Expected, user-facing failures: bad input or config, a work directory another job holds, a judge
-# or fact endpoint that answered nothing usable. One clear line, no traceback. Found in sys.modules
-# so that no command pays for importing a module it never used (an error of one was never raised).
-_USER_FACING = (("ragrl.workdir", "WorkDirBusy"), ("ragrl.factscore.paper", "EndpointError"),
-                ("ragrl.rewards.autograph", "JudgeError"))
-
-
-def _user_facing_errors() -> tuple[type[BaseException], ...]:
-    found = [getattr(sys.modules[m], name) for m, name in _USER_FACING if m in sys.modules]
-    return (ValueError, FileNotFoundError, ImportError, *found)
 
 
 if __name__ == "__main__":
