@@ -872,16 +872,26 @@ def main(argv: list[str] | None = None) -> int:
     # (stderr for `query`, whose stdout is data a user may pipe).
     echo = sys.stderr if args.command == "query" else sys.stdout
     print("$ ragrl " + " ".join(shlex.quote(a) for a in argv), file=echo, flush=True)
-    from ragrl.workdir import WorkDirBusy
-
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, ImportError, WorkDirBusy) as exc:
-        # Expected, user-facing failures (bad input, bad config, a work directory another job
-        # holds): one clear line, no traceback.
+    except Exception as exc:
+        if not isinstance(exc, _user_facing_errors()):
+            raise
         print(f"ragrl {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+# Expected, user-facing failures: bad input or config, a work directory another job holds, a judge
+# or fact endpoint that answered nothing usable. One clear line, no traceback. Found in sys.modules
+# so that no command pays for importing a module it never used (an error of one was never raised).
+_USER_FACING = (("ragrl.workdir", "WorkDirBusy"), ("ragrl.factscore.paper", "EndpointError"),
+                ("ragrl.rewards.autograph", "JudgeError"))
+
+
+def _user_facing_errors() -> tuple[type[BaseException], ...]:
+    found = [getattr(sys.modules[m], name) for m, name in _USER_FACING if m in sys.modules]
+    return (ValueError, FileNotFoundError, ImportError, *found)
 
 
 if __name__ == "__main__":
