@@ -306,12 +306,14 @@ def _step_colors(res: _Results) -> dict[str, str]:
 
 
 def _draw_runs(ax, res: _Results, runs: Sequence[str], datasets: Sequence[str], metric: str, title: str) -> None:
-    """One row per run: its value per dataset with the 95% interval (markers offset per dataset)."""
+    """One row per run: its value per dataset with the 95% interval. One dataset: coloured by step;
+    several: a colour and marker per dataset, offset within the run's row."""
     colors = _step_colors(res)
     k = len(datasets)
     markers = "osD^v<>PX*"
     for j, ds in enumerate(datasets):
         offset = (j - (k - 1) / 2) * (0.6 / max(k, 1)) if k > 1 else 0.0
+        labelled = False
         for i, run in enumerate(runs):
             cell = res.values.get((run, ds, metric))
             if cell is None:
@@ -319,8 +321,9 @@ def _draw_runs(ax, res: _Results, runs: Sequence[str], datasets: Sequence[str], 
             v, lo, hi = cell
             err = [[v - lo], [hi - v]] if lo is not None and hi is not None else None
             ax.errorbar([v], [i + offset], xerr=err, fmt=markers[j % len(markers)], ms=5, capsize=3,
-                        color=colors[res.lineage[run].step], ecolor="0.35", elinewidth=1.2,
-                        label=ds if k > 1 and i == 0 else None)
+                        color=colors[res.lineage[run].step] if k == 1 else f"C{j % 10}", ecolor="0.35",
+                        elinewidth=1.2, label=ds if k > 1 and not labelled else None)
+            labelled = True
             if k == 1:
                 ax.annotate(f"{v:.3f}", (hi if hi is not None else v, i), xytext=(4, 0), textcoords="offset points",
                             va="center", fontsize="x-small")
@@ -330,8 +333,9 @@ def _draw_runs(ax, res: _Results, runs: Sequence[str], datasets: Sequence[str], 
     ax.set_title(title, fontsize="medium")
     ax.grid(True, axis="x", alpha=0.3)
     ax.margins(x=0.15)
-    if k > 1:
-        ax.legend(fontsize="x-small", loc="best")
+    if k > 1:  # below the panel: inside, it would hide the points
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.32), ncols=min(k, 2),
+                  frameon=False)
 
 
 def _forest_label(row: tuple, with_dataset: bool) -> str:
@@ -460,10 +464,13 @@ def family_figure(db_path: str | os.PathLike, family: str, res: _Results | None 
     rows_by_metric = []
     for metric in res.metrics(family):
         shown = res.shown(metric)
-        runs = [r for r in members if (shown is None or r in shown) and res.datasets([r], metric)]
+        listed = [r for r in members if shown is None or r in shown]
+        # The family's own datasets: a linked run of another family (a shared base row) is drawn
+        # where the family's runs were evaluated, not on datasets of its own.
+        datasets = res.datasets([r for r in listed if res.lineage[r].family == family], metric)
+        runs = [r for r in listed if any((r, d, metric) in res.values for d in datasets)]
         pairs = [p for p in res.pairs if p[3] == family and p[5] == metric]
         if runs or pairs:
-            datasets = res.datasets(runs, metric)
             # Up to MAX_ROWS runs and pairs per panel; datasets beyond MAX_ROWS would be more series.
             rows_by_metric += [(metric, part, datasets[:MAX_ROWS], ppart)
                                for part, ppart in _zip_chunks(runs, pairs)]
@@ -471,7 +478,9 @@ def family_figure(db_path: str | os.PathLike, family: str, res: _Results | None 
         fig, (ax,) = _figure(7, 2)
         _note(ax, f"{family}: no evaluations")
         return fig
-    heights = [_panel_height(max(len(r), len(p))) for _, r, _, p in rows_by_metric]
+    # A panel of several datasets carries its legend underneath.
+    heights = [_panel_height(max(len(r), len(p))) + (0.2 * math.ceil(len(d) / 2) if len(d) > 1 else 0)
+               for _, r, d, p in rows_by_metric]
     fig, axes = _grid(2 * PANEL_WIDTH_IN + 2.4, heights, 2)
     fig.suptitle(f"{family}: runs in pipeline order (left, 95% bootstrap intervals) and paired differences "
                  "(right, run − baseline, 95% paired bootstrap)", fontsize="medium")
