@@ -455,6 +455,13 @@ def test_figures_are_written_and_readable(paired_db, tmp_path):
     assert any(list(line.get_xdata()) == [0, 0] for line in forest_ax.get_lines())
 
 
+def test_a_linked_run_of_another_family_is_drawn_on_the_familys_datasets_only(paired_db):
+    # kg_sft started from base, but base answered nq and kg_sft kgqa: no row for base.
+    fig = family_figure(paired_db, "kg")
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["kg_sft"]
+    assert fig.axes[0].get_title() == "em · kgqa"
+
+
 def test_a_large_family_is_split_into_readable_panels(tmp_path):
     db = many_runs_db(tmp_path)
     for fig in (metrics_figure(db, "em"), paired_figure(db, "em"), family_figure(db, "fam"), reward_curves_figure(db)):

@@ -269,7 +269,7 @@ class _Results:
 
     def metrics(self, family: str) -> list[str]:
         """The metrics the tables show for the family's runs (the main metric when none does)."""
-        own = set(self.members(family))
+        own = {r for r in self.runs if self.lineage[r].family == family}
         out = [s["metric"] for s in self.table_specs if s.get("runs") is None or own & set(s["runs"])]
         return list(dict.fromkeys(out)) or [self.main_metric]
 
@@ -462,12 +462,15 @@ def family_figure(db_path: str | os.PathLike, family: str, res: _Results | None 
     res = res or _load(db_path)
     members = res.members(family)
     rows_by_metric = []
+    own = {r for r in members if res.lineage[r].family == family}
     for metric in res.metrics(family):
         shown = res.shown(metric)
+        if shown is not None and not shown & own:  # no table lists the family: all its runs
+            shown = None
         listed = [r for r in members if shown is None or r in shown]
         # The family's own datasets: a linked run of another family (a shared base row) is drawn
         # where the family's runs were evaluated, not on datasets of its own.
-        datasets = res.datasets([r for r in listed if res.lineage[r].family == family], metric)
+        datasets = res.datasets([r for r in listed if r in own], metric)
         runs = [r for r in listed if any((r, d, metric) in res.values for d in datasets)]
         pairs = [p for p in res.pairs if p[3] == family and p[5] == metric]
         if runs or pairs:
