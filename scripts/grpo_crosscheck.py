@@ -20,9 +20,9 @@ Two comparisons:
   per-step loss and gradient norm and, at the end, the same weights, up to float rounding. This
   is the sharp check: a different advantage or loss shows at step 1. The gradient norm catches
   what the weights cannot (Adam undoes a constant factor in the loss), the weights what the norm
-  cannot (a change of direction). It is repeated for each loss aggregation ragrl offers
-  (`VARIANTS`), with ragrl's std epsilon set to TRL's (1e-4; ragrl's own is 1e-6, the one
-  formula difference), next to two yardsticks: ragrl against itself in other micro-batches (float
+  cannot (a change of direction). It is repeated for each loss aggregation ragrl offers and
+  with a KL term to the initial policy (`VARIANTS`), with ragrl's std epsilon set to TRL's (1e-4;
+  ragrl's own is 1e-6, the one formula difference), next to two yardsticks: ragrl against itself in other micro-batches (float
   rounding alone) and ragrl against itself with another aggregation (what a setting silently
   ignored looks like).
 
@@ -336,9 +336,10 @@ def compare_runs(a: dict, b: dict, initial: dict[str, torch.Tensor]) -> dict:
     return out
 
 
-# The lock-step variants: loss aggregations (and advantage scalings) of ragrl and their TRL names.
-# token-mean/dapo is also the sampling comparison's.
-VARIANTS = ("token-mean", "grpo", "dr_grpo")
+# The lock-step variants: loss aggregations (and advantage scalings) of ragrl and their TRL names,
+# and the KL term to the initial policy. token-mean/dapo is also the sampling comparison's.
+VARIANTS = ("token-mean", "grpo", "dr_grpo", "token-mean+kl")
+KL_COEF = 0.05  # large enough to move the weights visibly in a few steps, unlike the papers' 0.001
 
 
 def variant_settings(name: str, s: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -349,6 +350,12 @@ def variant_settings(name: str, s: Settings) -> tuple[dict[str, Any], dict[str, 
         # Dr. GRPO: no std division, a constant normaliser of groups x the generation limit.
         "dr_grpo": ({"loss_agg": "dr_grpo", "scale_rewards": False, "max_response_len": s.max_new_tokens},
                     {"loss_type": "dr_grpo", "scale_rewards": "none"}),
+        # k3 KL to the initial policy inside the per-token loss, as GRPO and verl's low_var_kl have it.
+        # TRL 1.16 multiplies it by the importance ratio by default (use_bias_correction_kl, from
+        # DeepSeek-V3.2), which adds k3 * grad(log p) to the gradient even on-policy: another
+        # estimator, compared separately (`kl_trl_default`).
+        "token-mean+kl": ({"loss_agg": "token-mean", "kl_coef": KL_COEF},
+                          {"loss_type": "dapo", "beta": KL_COEF, "use_bias_correction_kl": False}),
     }[name]
 
 
@@ -363,7 +370,8 @@ def lockstep(model_dir: Path, pool: list[dict], targets, s: Settings, seed: int,
       advantages (1e-4 instead of 1e-6) against TRL with the same variant: what remains once the
       one known formula difference is matched;
     * `token-mean_vs_<variant>`: ragrl token-mean against ragrl with the variant, the distance a
-      trainer that silently ignored the setting would show (how sharp the check is).
+      trainer that silently ignored the setting would show (how sharp the check is);
+    * `kl_trl_default`: ragrl's KL variant against TRL's default KL (times the importance ratio).
     """
     from safetensors.torch import load_file
 
@@ -382,6 +390,11 @@ def lockstep(model_dir: Path, pool: list[dict], targets, s: Settings, seed: int,
             out["per_step"] = {"ragrl": _curves(ours), "trl": _curves(theirs)}
         else:
             out[f"token-mean_vs_{name}"] = compare_runs(ours, mine, initial)
+        if name == "token-mean+kl":
+            ragrl_over, trl_over = variant_settings(name, s)
+            biased = run_trl(model_dir, pool, targets, s, seed, work / "trl_kl_default", replay=record,
+                             **{**trl_over, "use_bias_correction_kl": True})
+            out["kl_trl_default"] = compare_runs(mine, biased, initial)
     return out
 
 

@@ -1,12 +1,13 @@
 """scripts/grpo_crosscheck.py in miniature (issue #35): ragrl's GRPO trainer and TRL's GRPOTrainer
 on the toy task for two steps each, sampling on their own and then in lock step on ragrl's samples.
 
-Keeps the script from rotting (it imports TRL's private-ish `rollout_func` hook and reads both
+Keeps the script from rotting (it uses TRL's experimental `rollout_func` hook and reads both
 trainers' logs) and is itself a check of ragrl's GRPO core: fed the same samples, ragrl (with TRL's
 std epsilon) and TRL must end with the same weights up to float rounding, for each loss aggregation
-ragrl offers. A changed advantage, loss normaliser, clipping, log-prob or optimizer step in either
-trainer moves the weights apart by about the distance the controls show (ragrl itself with another
-aggregation: 1e-2 to 1e-1 of the update), far above the tolerance.
+ragrl offers and with a KL term. A changed advantage, loss normaliser, clipping, KL, log-prob or
+optimizer step in either trainer moves the weights apart by about the distance the controls show
+(ragrl itself with another aggregation or a KL term: 1e-2 to 3e-1 of the update), far above the
+tolerance.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ crosscheck = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = crosscheck  # dataclasses look their module up there
 _spec.loader.exec_module(crosscheck)
 
-# Measured on the 2-core machine (2 steps, seed 0): ragrl against itself in other micro-batches
-# (pure float rounding) 7e-6 of the update; against TRL with the epsilon matched 1e-5 to 3e-5;
-# as shipped (epsilon 1e-6 against 1e-4) 2e-3; ragrl token-mean against ragrl grpo / dr_grpo 1e-1
-# and 3e-1.
-SAME = 1e-3  # weights: "the same training" below this fraction of the update
+# Measured on the 2-core machine (2 steps, seed 0), as fractions of the update: ragrl against itself
+# in other micro-batches (pure float rounding) 9e-6; against TRL with the epsilon matched 2e-5 to
+# 3e-5 for every variant; as shipped (epsilon 1e-6 against 1e-4) 2e-3; ragrl token-mean against
+# ragrl grpo / dr_grpo / with KL 1e-1, 3e-1, 1e-2.
+SAME = 3e-4  # weights: "the same training" below this
 SHIPPED = 1e-2  # ragrl against TRL as both ship: only the std epsilon differs
 
 
