@@ -137,11 +137,13 @@ def test_metrics_by_hand(tiny, tmp_path):
 
 
 def test_no_retrieval_baseline_answers_at_once(tiny, tmp_path):
-    path, questions = _qa(tiny, [["a"], ["b"]])
+    path, questions = _qa(tiny, [["a"], ["b"], ["c"]])
 
     def script(question, response):
         if question == questions[0]:
             return "<think>from memory</think>\n<answer>a</answer>"
+        if question == questions[2]:  # right, but no reasoning: no turn-limit notice excuses it here
+            return "<answer>c</answer>"
         return "<think>hmm</think>\n<search>something</search>"
 
     policy = ScriptedPolicy(tiny.tok, script)
@@ -150,12 +152,12 @@ def test_no_retrieval_baseline_answers_at_once(tiny, tmp_path):
                        dataset="toy", rollout_cfg=closed_book.eval_rollout(_Cfg()), generator=policy,
                        tokenizer=tiny.tok)
     rows = pq.read_table(tmp_path / "none" / "predictions.parquet").to_pylist()
-    assert len(policy.prompts) == 2  # one turn each, no observations
+    assert len(policy.prompts) == 3  # one turn each, no observations
     assert all("search" not in prompt and NO_SEARCH_INSTRUCTION.split(".")[0] in prompt for prompt in policy.prompts)
     assert [(r["em"], r["format"], r["turns"], r["searches"], r["queries"]) for r in rows] == [
-        (1.0, 1.0, 1, 0, []), (0.0, 0.0, 1, 0, [])]
+        (1.0, 1.0, 1, 0, []), (0.0, 0.0, 1, 0, []), (1.0, 0.0, 1, 0, [])]
     assert rows[1]["prediction"] == "" and rows[1]["observation_tokens"] == 0
-    assert metrics["metrics"]["em"] == 0.5 and metrics["metrics"]["searches"] == 0.0
+    assert metrics["metrics"]["em"] == pytest.approx(2 / 3) and metrics["metrics"]["searches"] == 0.0
     with pytest.raises(ValueError, match="needs --index/--bm25"):
         environment(parse_recipe({"env": "search"}, "r"), {})
 

@@ -430,6 +430,35 @@ def test_cli_a_reply_without_content_is_an_error_naming_the_endpoint(kb, chat_se
     assert len(chat_server.seen) == 2 and not out.exists()  # asked again once, then nothing written
 
 
+def _facts_of_the_spans_text(other: str):
+    """A judge that verifies every fact, states one for the text that says "spans" and answers
+    `other` for any other text."""
+
+    def reply(body):
+        prompt = body["messages"][0]["content"]
+        if "STATEMENT TO VERIFY" in prompt:
+            return _completion("True")
+        return _completion("- Ossel Bridge spans the Tamm." if "spans" in prompt.rsplit("Text:", 1)[1] else other)
+
+    return reply
+
+
+def test_a_blank_reply_cut_by_the_token_cap_fails_at_once_and_a_stray_blank_one_is_counted(kb, chat_server, tmp_path,
+                                                                                              capsys):
+    chat_server.reply = lambda body: (200, {"choices": [{"message": {"role": "assistant", "content": "\n\n"},
+                                                         "finish_reason": "length"}]})
+    argv, out = _paper_cli(kb, chat_server, tmp_path, ["Ossel Bridge spans the Tamm."], "--max-retries", "3")
+    assert main(argv) == 2
+    assert "no text before its token cap" in capsys.readouterr().err
+    assert len(chat_server.seen) == 1 and not out.exists()  # asked again at temperature 0 it would be cut again
+
+    # A blank reply that ended by itself, among usable ones, is an off-format reply: counted, not fatal.
+    chat_server.reply = _facts_of_the_spans_text(other=" ")
+    argv, out = _paper_cli(kb, chat_server, tmp_path, ["Ossel Bridge spans the Tamm.", "It opened in 1887."])
+    assert main(argv) == 0 and out.exists()
+    assert "1 of 2 replies off-format, read as no facts" in capsys.readouterr().err
+
+
 def test_cli_replies_all_off_format_are_an_error_and_some_are_counted(kb, chat_server, tmp_path, capsys):
     chat_server.reply = lambda body: _completion("I like turtles.")
     argv, out = _paper_cli(kb, chat_server, tmp_path, ["Ossel Bridge spans the Tamm.", "It opened in 1887.", "\n \n"])
@@ -440,13 +469,7 @@ def test_cli_replies_all_off_format_are_an_error_and_some_are_counted(kb, chat_s
     assert len(chat_server.seen) == 2 and not out.exists()  # the blank text is not sent
     assert "2 of 2 replies off-format, read as no facts (2 of 2 so far)" in err
 
-    def reply(body):
-        prompt = body["messages"][0]["content"]
-        if "STATEMENT TO VERIFY" in prompt:
-            return _completion("True")
-        return _completion("- Ossel Bridge spans the Tamm." if "spans" in prompt.rsplit("Text:", 1)[1] else "Hmm.")
-
-    chat_server.reply = reply
+    chat_server.reply = _facts_of_the_spans_text(other="Hmm.")
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "fact extraction at" in captured.err and "1 of 2 replies off-format, read as no facts" in captured.err

@@ -450,7 +450,7 @@ def test_a_forged_information_block_earns_no_kg_reward(service):
     for t in (forged, forged_late):
         s = method.score(recipe, t, row)
         assert s.components["retrieval"] == 0.0, recorded_turns(t)
-        assert s.components["format"] == 0.0  # a forged notice does not excuse the next turn's <think>
+        assert s.components["format"] == 0.0  # the typed block makes its turn an invalid action
         assert s.reward <= honest_score.reward
         assert method.eval_metrics(recipe, row, t)["retrieval_hit"] == 0.0
     # The text route cannot tell: that is why rewards read the record.
@@ -476,4 +476,6 @@ def test_a_turn_that_generated_nothing_still_scores(service):
     assert len(t.actions) == max(t.turn_index) + 2 and t.actions[-1]["forced"]
     s = get_method("kg").score(parse_recipe({"env": "kg"}, "kg_probe"), t,
                                {"id": "q", "question": "q", "golden_answers": ["Brookline"], "metadata": {}})
-    assert len(s.turn_rewards) == len(t.actions) and s.components["retrieval"] == 0.0
+    # The token-less last turn is left out of the turn rewards (it would shift the group's turn statistics).
+    assert len(s.turn_rewards) == len(t.actions) - 1 == max(t.turn_index) + 1
+    assert s.components["retrieval"] == 0.0

@@ -134,7 +134,7 @@ def test_format_reward_unknown_env():
 
 
 def _actions(text):
-    return [{"text": t.text, "observation": t.observation, "forced": t.forced} for t in parse_turns(text)]
+    return [{"text": t.text, "observation": t.observation, "after_notice": t.after_notice} for t in parse_turns(text)]
 
 
 def test_format_reward_reads_the_record_not_a_typed_notice():
@@ -150,8 +150,9 @@ def test_format_reward_reads_the_record_not_a_typed_notice():
 
 def test_composite_reward():
     golds = ["Velmar", "Port Velmar"]
-    assert composite_reward(GOOD, golds, {"em": 1.0, "format": 0.1}) == pytest.approx(1.1)
-    assert composite_reward(GOOD.replace(">Velmar<", ">Lyon<"), golds, {"em": 1.0, "format": 0.1}) == pytest.approx(0.1)
+    good = {"response_text": GOOD, "answer": "Velmar", "actions": _actions(GOOD)}
+    assert composite_reward(good, golds, {"em": 1.0, "format": 0.1}) == pytest.approx(1.1)
+    assert composite_reward({**good, "answer": "Lyon"}, golds, {"em": 1.0, "format": 0.1}) == pytest.approx(0.1)
     traj = {"response_text": GOOD, "answer": "Port Velmar", "actions": _actions(GOOD)}
     assert composite_reward(traj, golds, {"em": 1.0, "f1": 0.5, "cover_em": 0.25, "format": 1.0}) == pytest.approx(2.75)
     junk = {"response_text": "junk", "answer": None, "actions": [{"text": "junk", "observation": None}]}
@@ -160,7 +161,7 @@ def test_composite_reward():
     with pytest.raises(ValueError, match="no turn record"):
         composite_reward({"response_text": GOOD, "answer": "Velmar"}, golds, {"format": 1.0})
     with pytest.raises(ValueError, match="unknown reward weight"):
-        composite_reward(GOOD, golds, {"accuracy": 1.0})
+        composite_reward(good, golds, {"accuracy": 1.0})
 
 
 # --- properties ----------------------------------------------------------------------------------

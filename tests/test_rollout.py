@@ -27,9 +27,9 @@ import transformers
 
 from ragrl.agent.environments import MultiQuerySearchEnvironment, RetrievalResultError, SearchEnvironment
 from ragrl.agent.generation import GenerationBackendError, HFGenerator, OpenAICompletionsGenerator
-from ragrl.agent.protocol import OBS_PREFIX, OBS_SUFFIX, TURN_LIMIT_NOTICE, forced_answer_prompt
+from ragrl.agent.protocol import OBS_PREFIX, OBS_SUFFIX, TURN_LIMIT_NOTICE, forced_answer_prompt, recorded_turns
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
-from ragrl.rewards import composite_reward, exact_match, extract_answer, format_reward
+from ragrl.rewards import composite_reward, exact_match, extract_answer, format_reward, turns_format_reward
 from ragrl.toy.tiny_model import CHAT_TEMPLATE, TinyModelSpec, build_tiny
 from ragrl.toy.world import generate_world, world_text, write_world
 
@@ -238,7 +238,7 @@ def test_gold_trajectories(tiny):
         assert "spill" not in t.response_text and " more" not in t.response_text  # overshoot cut
         assert t.response_text.endswith("</answer>")
         assert t.generated_tokens > 0 and t.observation_tokens > 0 and t.latency_s >= t.env_time_s >= 0
-        assert format_reward(t.response_text, "search") == 1.0
+        assert turns_format_reward(recorded_turns(t), "search") == 1.0 == format_reward(t.response_text, "search")
         assert exact_match(t.answer, row["golden_answers"]) == 1.0
         assert composite_reward(t, row["golden_answers"], {"em": 1.0, "format": 0.1}) == pytest.approx(1.1)
         assert "Doc 1(Title: " in t.response_text
@@ -273,7 +273,7 @@ def test_forced_answer_after_max_turns(tiny):
         forced = _ids(tiny.tok, forced_answer_prompt())
         assert turn1_env[-len(forced):] == forced and len(turn1_env) == t.actions[1]["observation_tokens"]
         assert set(t.turn_index) == {0, 1, 2}
-        assert format_reward(t.response_text) == 1.0
+        assert turns_format_reward(recorded_turns(t)) == 1.0 == format_reward(t.response_text)
     assert len(retriever.calls) == 2 and len(gen.calls) == 3
 
 
@@ -354,7 +354,7 @@ def test_multi_query_search_batches_all_queries_in_one_call(tiny):
         assert t.actions[0]["dropped"] == [f"{_hops(rows[t.prompt_index])[0][0]} educated", "extra"]
         assert "Query 1: " in t.response_text and "Query 2: " in t.response_text
         assert "Note: at most 2 queries per turn; not searched: " in t.response_text
-        assert format_reward(t.response_text, "search") == 1.0
+        assert turns_format_reward(recorded_turns(t), "search") == 1.0 == format_reward(t.response_text, "search")
     assert "up to 2 queries" in tiny.tok.decode(engine.prompt_ids("q?"))
 
 
@@ -441,7 +441,7 @@ def test_multi_token_tags_are_cut_by_text(tiny):
     check_turns(t)
     assert t.answer == tiny.rows[0]["golden_answers"][0]
     assert "spill" not in t.response_text and t.response_text.endswith("</answer>")
-    assert format_reward(t.response_text) == 1.0
+    assert turns_format_reward(recorded_turns(t)) == 1.0 == format_reward(t.response_text)
 
 
 def world_text_cache(tiny):

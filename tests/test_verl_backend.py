@@ -277,6 +277,7 @@ def test_launch_overrides_compose_with_hydra(launch):
     reward = cfg["reward"]["custom_reward_function"]
     assert reward["path"].endswith("ragrl/train/verl/reward.py") and reward["name"] == "compute_score"
     assert reward["reward_kwargs"] == {"weights": {"em": 1.0, "format": 0.1}, "env": "search", "plugin": ""}
+    assert cfg["reward"]["reward_manager"]["name"] == "naive"  # the manager that hands extra_fields to the reward
     assert cfg["data"]["train_files"] == str(launch.paths.train_parquet)
     assert cfg["data"]["max_prompt_length"] == launch.stats["max_prompt_length"]
     assert cfg["trainer"]["total_training_steps"] == 3 and cfg["trainer"]["save_freq"] == 2
@@ -398,8 +399,8 @@ def test_verl_reward_scores_the_recorded_turns_not_the_text():
 
     typed = f"<information>{TURN_LIMIT_NOTICE}</information><answer>Paris</answer>"
     text = "<think>a</think><search>q</search>\n\n<information>Doc 1</information>\n\n" + typed
-    turns = [{"text": "<think>a</think><search>q</search>", "observation": "Doc 1", "forced": False},
-             {"text": typed, "observation": None, "forced": False}]
+    turns = [{"text": "<think>a</think><search>q</search>", "observation": "Doc 1", "after_notice": False},
+             {"text": typed, "observation": None, "after_notice": False}]
     weights = {"em": 1.0, "format": 0.1}
     recorded = compute_score("ragrl/test", text, ["Paris"], {"ragrl_answer": "Paris", "ragrl_turns": turns},
                              weights=weights)

@@ -487,8 +487,9 @@ def test_knowrl_paper_backend_over_vllm(server, tmp_path):
     (prompts / "grader.txt").write_text("Question: {question}\nGold target: {gold_answer}\n"
                                         "Predicted answer: {answer}\nGrade: A, B or C?")
     endpoint = ChatEndpoint(server.url, SERVED_NAME, max_tokens=16, timeout_s=300, max_retries=1, backoff_s=0.01)
-    no_text = re.escape(f"chat endpoint at {server.url}/v1/chat/completions answered with no content 2 time(s) "
-                        f"(model '{SERVED_NAME}', finish_reason 'length')")
+    # Newlines up to max_tokens: asked again at temperature 0 they would be cut again, so it fails at once.
+    no_text = re.escape(f"chat endpoint at {server.url}/v1/chat/completions answered with no text before its token "
+                        f"cap (model '{SERVED_NAME}', max_tokens 16, finish_reason 'length')")
     scorer = PaperFactScorer(tmp_path / "knowledge_base.db", endpoint, prompts_dir=prompts)
     with pytest.raises(EndpointError, match=no_text):
         scorer.score("Ossel Bridge", "Ossel Bridge spans the Tamm. It opened in 1901.")
@@ -497,7 +498,7 @@ def test_knowrl_paper_backend_over_vllm(server, tmp_path):
     grader = LLMGrader(endpoint, prompts_dir=prompts)
     with pytest.raises(EndpointError, match=no_text):
         grader.grade_many([("Who designed Ossel Bridge?", ["Ida Marrow"], "Ida Marrow")])
-    assert endpoint.requests == 3  # prompts sent (each twice)
+    assert endpoint.requests == 3  # prompts sent
     assert grader.grade_many([("Who designed Ossel Bridge?", ["Ida Marrow"], None)]) == ["incorrect"]
     assert endpoint.requests == 3  # no answer: incorrect without a request
     endpoint.close()

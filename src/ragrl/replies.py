@@ -3,9 +3,8 @@ extractor/verifier, AutoGraph-R1's judge).
 
 A reward read from a broken endpoint is silently wrong: a null reply read as "no facts" zeroes
 the factuality term, one read as "no" zeroes R_C, and training goes on against noise. So:
-- a reply without text (null or blank content: a model that fails, a reasoning model cut off by
-  its token cap) is asked again like a transient failure, then raises naming the endpoint
-  (`chat_text`);
+- a reply without a message (null content) is asked again like a transient failure, then raises
+  naming the endpoint; one with no text before its token cap raises at once (`chat_text`);
 - a reply with text in the wrong format keeps the reading the paper's code gives it (KnowRL: no
   facts, an unparsed grade scores 0; AutoGraph-R1: no), since a working model misformats now and
   then, but is counted and logged (`ReplyTally`); `DEAD_RUN` of them in a row raise: the
@@ -33,8 +32,11 @@ DEAD_RUN = 8
 def chat_text(http: httpx.Client, url: str, body: dict, *, retries: int, backoff: float, max_backoff: float,
               rejected: type[Exception], unavailable: type[Exception], service: str) -> str:
     """The reply text of one chat completion. Transport failures are retried by
-    `request_with_retries`; a reply without text is asked again up to `retries` times, then
-    raises `rejected`, as does a body that is not a chat completion."""
+    `request_with_retries`. A null message is asked again up to `retries` times, then raises
+    `rejected`, as does a body that is not a chat completion. A blank text cut by the token cap
+    (finish_reason "length") raises at once: asked again at temperature 0 it is cut again, and the
+    cap is a setting to raise. Any other blank text is returned: the caller's format check counts
+    it as off-format, so one stray empty reply does not stop a training run (`ReplyTally`)."""
     from ragrl.http_retry import request_with_retries
 
     finish = None
@@ -44,13 +46,17 @@ def chat_text(http: httpx.Client, url: str, body: dict, *, retries: int, backoff
         response = request_with_retries(http, "POST", url, retries=retries, backoff=backoff, max_backoff=max_backoff,
                                         rejected=rejected, unavailable=unavailable, service=service, json=body)
         content, finish = _message(response, url, service, rejected)
-        if content.strip():
+        if content is not None and not content.strip() and finish == "length":
+            raise rejected(f"{service} at {url} answered with no text before its token cap (model {body.get('model')!r}, "
+                           f"max_tokens {body.get('max_tokens')!r}, finish_reason 'length'): raise max_tokens, or the "
+                           "model does not answer this prompt; an empty reply is not scored as one")
+        if content is not None:
             return content
     raise rejected(f"{service} at {url} answered with no content {retries + 1} time(s) (model {body.get('model')!r}, "
                    f"finish_reason {finish!r}); an empty reply is not scored as one")
 
 
-def _message(response: httpx.Response, url: str, service: str, rejected: type[Exception]) -> tuple[str, Any]:
+def _message(response: httpx.Response, url: str, service: str, rejected: type[Exception]) -> tuple[str | None, Any]:
     try:
         choice = response.json()["choices"][0]
         content = choice["message"]["content"]
@@ -59,7 +65,7 @@ def _message(response: httpx.Response, url: str, service: str, rejected: type[Ex
                        f"{response.text[:300]!r}") from None
     if content is not None and not isinstance(content, str):
         raise rejected(f"{service} at {url}: message content is {type(content).__name__}, not text")
-    return content or "", choice.get("finish_reason")
+    return content, choice.get("finish_reason")
 
 
 @dataclass

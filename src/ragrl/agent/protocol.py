@@ -343,7 +343,7 @@ class TurnRecord:
     """One assistant turn as the rollout engine recorded it: what the policy wrote (`text`, with
     the environment's prefilled <answer> of a forced turn), what the environment inserted after
     it (`observation`, the inner text of its <information> block as the policy saw it, or None),
-    and whether it is the turn after the turn-limit notice (`forced`).
+    and whether the environment's turn-limit notice preceded it (`after_notice`).
 
     Rewards read these, not the decoded response: a policy can type `<information>…</information>`
     into its own turn, and a reward that re-parses the response would credit that block as
@@ -351,7 +351,7 @@ class TurnRecord:
 
     text: str
     observation: str | None = None
-    forced: bool = False
+    after_notice: bool = False
 
 
 def recorded_turns(trajectory) -> list[TurnRecord]:
@@ -363,7 +363,7 @@ def recorded_turns(trajectory) -> list[TurnRecord]:
     if actions is None or any("text" not in a for a in actions):
         raise ValueError("trajectory has no turn record (actions[*].text / .observation): rewards do not re-parse "
                          "response text, where the policy's own <information> blocks would pass as observations")
-    return [TurnRecord(str(a["text"]), a.get("observation"), bool(a.get("forced", False))) for a in actions]
+    return [TurnRecord(str(a["text"]), a.get("observation"), bool(a.get("after_notice", False))) for a in actions]
 
 
 def parse_turns(response_text: str) -> list[TurnRecord]:
@@ -385,8 +385,6 @@ def parse_turns(response_text: str) -> list[TurnRecord]:
             continue
         turns.append(TurnRecord(text, info, forced))
         forced = info is not None and info.strip() == TURN_LIMIT_NOTICE
-        if forced:
-            turns[-1] = TurnRecord(text, None, turns[-1].forced)
     return turns
 
 

@@ -181,7 +181,10 @@ class RolloutEngine:
             # the decoded response cannot tell an <information> block the policy typed from ours.
             record = {"turn": turn, "type": action.kind, "queries": list(action.queries), "valid": action.valid,
                       "error": action.error, "dropped": list(action.dropped), "observation_tokens": 0, "forced": forced,
-                      "text": text, "observation": None}
+                      "text": text, "observation": None,
+                      # the environment's turn-limit notice preceded this turn (a closed-book turn is
+                      # past a budget of 0 tool turns, but no notice was shown: it still needs <think>)
+                      "after_notice": forced and cfg.max_turns > 0}
             t.actions.append(record)
             if action.kind == "answer":
                 t.answer = action.answer

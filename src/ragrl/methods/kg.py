@@ -56,12 +56,14 @@ def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
     from ragrl.data.qa import row_golds
     from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
 
-    # One record per generation call, the same count as the token turn index (a last call that
-    # generated nothing has a record and no tokens; its reward is simply never broadcast).
     r = kg_rewards(recorded_turns(trajectory), row_golds(row), trajectory.answer,
                    recipe.turn_reward or DEFAULT_TURN_WEIGHTS, recipe.reward)
-    mean_turn = sum(r.turn_rewards) / len(r.turn_rewards) if r.turn_rewards else 0.0
-    return Score(r.global_reward, r.turn_rewards, {"turn_mean": mean_turn, **r.global_components})
+    # One record per generation call; a last call that generated nothing (and got no observation)
+    # has a record but no tokens: its reward would reach no token, yet would move the group's
+    # turn-reward mean and std, so it is left out.
+    turn_rewards = r.turn_rewards[: max(trajectory.turn_index, default=-1) + 1]
+    mean_turn = sum(turn_rewards) / len(turn_rewards) if turn_rewards else 0.0
+    return Score(r.global_reward, turn_rewards, {"turn_mean": mean_turn, **r.global_components})
 
 
 def eval_metrics(recipe, row: dict, trajectory) -> dict[str, float]:

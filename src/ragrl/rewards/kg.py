@@ -63,7 +63,7 @@ class KGTurn:
 def kg_turns(turns: Sequence[TurnRecord]) -> list[KGTurn]:
     """The KG view of recorded assistant turns (`ragrl.agent.protocol.recorded_turns`), one per
     generation call of the rollout engine, so they align with its per-token turn index."""
-    return [_turn(t.text, t.observation, t.forced) for t in turns]
+    return [_turn(t.text, t.observation, t.after_notice) for t in turns]
 
 
 def split_turns(response_text: str) -> list[KGTurn]:

@@ -99,8 +99,9 @@ def extract_answer(text: str) -> str | None:
 
 
 def format_reward(response_text: str, tools: str | Sequence[str] = ("search",)) -> float:
-    """`turns_format_reward` of the turns re-read from a decoded response: the text-only route
-    (verl's reward function). Where the trajectory is at hand, score its recorded turns."""
+    """`turns_format_reward` of the turns re-read from a decoded response, for reading saved
+    transcripts offline. No reward calls it: an <information> block the policy typed reads as an
+    observation here (rewards score `recorded_turns`)."""
     return turns_format_reward(parse_turns(response_text), tools)
 
 
@@ -126,7 +127,7 @@ def turns_format_reward(turns: Sequence[TurnRecord], tools: str | Sequence[str] 
         return 0.0
     last = len(turns) - 1
     for i, turn in enumerate(turns):
-        kind = turn_kind(turn.text, require_think=not turn.forced)
+        kind = turn_kind(turn.text, require_think=not turn.after_notice)
         if not (kind == "answer" if i == last else kind in tools):
             return 0.0
     return 1.0
@@ -157,16 +158,16 @@ def turn_kind(turn: str, require_think: bool = True) -> str | None:
     return None
 
 
-def composite_reward(trajectory_or_text, golds: str | Iterable[str], weights: Mapping[str, float],
+def composite_reward(trajectory, golds: str | Iterable[str], weights: Mapping[str, float],
                      tools: str | Sequence[str] = ("search",)) -> float:
     """Weighted sum of metrics, e.g. weights={"em": 1.0, "format": 0.1}.
 
     Keys: em, f1, cover_em (of the answer) and format (of the response). The input is a
-    trajectory (a `Trajectory` or its dict): the engine's answer and its recorded turns are
-    scored. Or a response text (verl's reward function): the answer is then extracted from it and
-    the turns re-read from it.
+    trajectory (a `Trajectory` or its dict, as verl's reward gets it): the engine's answer and its
+    recorded turns are scored, never its decoded text.
     """
-    turns, answer = _turns_and_answer(trajectory_or_text)
+    turns = recorded_turns(trajectory)
+    answer = trajectory["answer"] if isinstance(trajectory, Mapping) else trajectory.answer
     unknown = set(weights) - set(METRICS) - {"format"}
     if unknown:
         raise ValueError(f"unknown reward weight(s) {sorted(unknown)}; expected {sorted([*METRICS, 'format'])}")
@@ -180,10 +181,3 @@ def composite_reward(trajectory_or_text, golds: str | Iterable[str], weights: Ma
 
 
 METRICS = {"em": exact_match, "f1": f1, "cover_em": cover_exact_match}
-
-
-def _turns_and_answer(obj) -> tuple[list[TurnRecord], str | None]:
-    if isinstance(obj, str):
-        return parse_turns(obj), extract_answer(obj)
-    answer = obj["answer"] if isinstance(obj, Mapping) else obj.answer
-    return recorded_turns(obj), answer

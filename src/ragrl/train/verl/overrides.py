@@ -168,6 +168,11 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
         "reward.custom_reward_function.name": "compute_score",
         "+reward.custom_reward_function.reward_kwargs": {"weights": dict(recipe.reward), "env": recipe.env,
                                                         "plugin": recipe.plugin or ""},
+        # verl's naive reward-loop manager merges the agent loop's extra_fields into extra_info:
+        # our reward reads the turn record from there (ragrl.train.verl.reward), so it is pinned
+        # rather than left to a default another verl release may change.
+        "reward.reward_manager.source": "register",
+        "reward.reward_manager.name": "naive",
         # trainer: steps, checkpoints (resumed automatically after a kill), logs, cluster shape
         "trainer.total_training_steps": cfg.steps,
         "trainer.total_epochs": max(1, math.ceil(cfg.steps / steps_per_epoch)),
