@@ -1,6 +1,6 @@
 """GRPO cross-check: ragrl's trainer (src/ragrl/train/rl.py) against TRL's GRPOTrainer (issue #35).
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=src .venv/bin/python scripts/grpo_crosscheck.py   # 8 seeds, ~6 min on 2 cores
+    HF_HUB_OFFLINE=1 PYTHONPATH=src .venv/bin/python scripts/grpo_crosscheck.py   # 16 seeds, 5-10 min
 
 Both trainers train the same policy (one randomly initialised tiny Qwen2 model, built here once:
 the same initial weights) on the same single-turn task with the same reward function, the same
@@ -20,21 +20,22 @@ Two comparisons:
   per-step loss and gradient norm and, at the end, the same weights, up to float rounding. This
   is the sharp check: a different advantage or loss shows at step 1. The gradient norm catches
   what the weights cannot (Adam undoes a constant factor in the loss), the weights what the norm
-  cannot (a change of direction). It is repeated for each loss aggregation ragrl offers and
-  with a KL term to the initial policy (`VARIANTS`), with ragrl's std epsilon set to TRL's (1e-4;
-  ragrl's own is 1e-6, the one formula difference), next to two yardsticks: ragrl against itself in other micro-batches (float
-  rounding alone) and ragrl against itself with another aggregation (what a setting silently
+  cannot (a change of direction). It is repeated for each loss aggregation ragrl offers, with a
+  KL term to the initial policy and with two updates per batch (the only case where the clip
+  acts) (`VARIANTS`), with ragrl's std epsilon set to TRL's (1e-4; ragrl's own is 1e-6, the one
+  formula difference), next to two yardsticks: ragrl against itself in other micro-batches (float
+  rounding alone) and ragrl against itself with the setting changed (what a setting silently
   ignored looks like).
 
 The task is the one tests/rl_toy.py uses to show ragrl's trainer learning: a chat-templated user
 turn of three random words; a completion scores 1.0 if it contains one of `n_targets` target
-tokens. The random policy gives each ordinary token about 1/vocab, so with 16 targets and 6 new tokens a
-step starts around 0.25 and GRPO raises it to about 0.85 in 30 steps; almost every group has mixed
-rewards.
+tokens. The random policy gives each ordinary token about 1/vocab, so with 16 targets and 6 new
+tokens a step starts around 0.25 and GRPO raises it to about 0.85 in 30 steps; almost every group
+has mixed rewards.
 
-Writes `crosscheck.json` (settings, per-step mean reward, loss and gradient norm per trainer and
-seed, quarter means, the lock-step comparison), `crosscheck.csv` (one row per trainer, seed, step)
-and `crosscheck.png` (the reward curves) to --out.
+Writes `crosscheck.json` (settings, per-step mean reward, loss, gradient norm and clipped share per
+trainer and seed, quarter means, a summary over seeds, the lock-step comparison), `crosscheck.csv`
+(one row per trainer, seed, step) and `crosscheck.png` (the reward curves) to --out.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import json
 import math
 import os
 import random
+import re
 import string
 import sys
 import tempfile
@@ -236,7 +238,8 @@ def run_ragrl(model_dir: Path, pool: list[dict], targets, s: Settings, seed: int
         final = train_rl(model_dir, None, pool, rollout, cfg, work)
     recs = [json.loads(line) for line in (work / LOG_NAME).read_text().splitlines()]
     return {"reward": [r["reward_mean"] for r in recs], "loss": [r["loss"] for r in recs],
-            "grad_norm": [r["grad_norm"] or 0.0 for r in recs], "weights": load_file(final / "model.safetensors")}
+            "grad_norm": [r["grad_norm"] or 0.0 for r in recs], "clip_frac": [r["clip_frac"] for r in recs],
+            "weights": load_file(final / "model.safetensors")}
 
 
 # --------------------------------------------------------------------------- TRL
@@ -264,7 +267,7 @@ def run_trl(model_dir: Path, pool: list[dict], targets, s: Settings, seed: int, 
     args = GRPOConfig(**{**dict(
         output_dir=str(work), seed=seed, data_seed=seed, use_cpu=True, bf16=False, fp16=False,
         report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, log_level="warning",
-        max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_steps=s.steps * overrides.get("num_iterations", 1), learning_rate=s.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=s.max_grad_norm, optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
         per_device_train_batch_size=s.prompts_per_step * s.group_size, gradient_accumulation_steps=1,
         steps_per_generation=1, num_iterations=1, num_generations=s.group_size,
@@ -278,15 +281,25 @@ def run_trl(model_dir: Path, pool: list[dict], targets, s: Settings, seed: int, 
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset,
                           processing_class=tokenizer, rollout_func=_replayer(replay, tokenizer) if replay else None)
     trainer.train()
-    hist = [h for h in trainer.state.log_history if "reward" in h]
-    if len(rewards) != s.steps or len(hist) != s.steps:
-        raise RuntimeError(f"TRL made {len(rewards)} reward calls and logged {len(hist)} steps; {s.steps} asked for")
-    # TRL's own logged reward is the same batch mean; a difference means a step was not one batch.
-    if any(abs(a - h["reward"]) > 1e-5 for a, h in zip(rewards, hist)):
-        raise RuntimeError(f"TRL's logged rewards {[h['reward'] for h in hist]} differ from its reward calls' {rewards}")
+    # One RL step is `num_iterations` optimizer steps on one generation (ragrl's ppo_epochs); TRL
+    # logs each, ragrl their mean.
+    per = args.num_iterations
+    hist = [h for h in trainer.state.log_history if "loss" in h and "grad_norm" in h]
+    if len(rewards) != s.steps or len(hist) != s.steps * per:
+        raise RuntimeError(f"TRL made {len(rewards)} reward calls and logged {len(hist)} optimizer steps; "
+                           f"{s.steps} RL steps of {per} asked for")
+    # TRL's own logged reward (at each generation) is the same batch mean; a difference means a step
+    # was not one batch.
+    logged = [h["reward"] for h in hist[::per]]
+    if any(abs(a - b) > 1e-5 for a, b in zip(rewards, logged)):
+        raise RuntimeError(f"TRL's logged rewards {logged} differ from its reward calls' {rewards}")
     weights = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
-    return {"reward": rewards, "loss": [h["loss"] for h in hist], "grad_norm": [h["grad_norm"] for h in hist],
-            "weights": weights}
+
+    def per_rl_step(key: str) -> list[float]:
+        return [sum(h[key] for h in hist[k : k + per]) / per for k in range(0, len(hist), per)]
+
+    return {"reward": rewards, "loss": per_rl_step("loss"), "grad_norm": per_rl_step("grad_norm"),
+            "clip_frac": per_rl_step("clip_ratio/region_mean"), "weights": weights}
 
 
 def _replayer(replay: list, tokenizer):
@@ -328,7 +341,7 @@ def weight_distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], init
 
 def compare_runs(a: dict, b: dict, initial: dict[str, torch.Tensor]) -> dict:
     """Two runs on the same samples: the largest per-step differences and the weight distance."""
-    out = {}
+    out: dict[str, Any] = {"clip_frac_mean": [sum(r["clip_frac"]) / len(r["clip_frac"]) for r in (a, b)]}
     for key in ("reward", "loss", "grad_norm"):
         out[f"{key}_max_abs_diff"] = max(abs(x - y) for x, y in zip(a[key], b[key]))
     out["grad_norm_max_rel_diff"] = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a["grad_norm"], b["grad_norm"]))
@@ -338,7 +351,7 @@ def compare_runs(a: dict, b: dict, initial: dict[str, torch.Tensor]) -> dict:
 
 # The lock-step variants: loss aggregations (and advantage scalings) of ragrl and their TRL names,
 # and the KL term to the initial policy. token-mean/dapo is also the sampling comparison's.
-VARIANTS = ("token-mean", "grpo", "dr_grpo", "token-mean+kl")
+VARIANTS = ("token-mean", "grpo", "dr_grpo", "token-mean+kl", "token-mean-2epochs")
 KL_COEF = 0.05  # large enough to move the weights visibly in a few steps, unlike the papers' 0.001
 
 
@@ -356,11 +369,14 @@ def variant_settings(name: str, s: Settings) -> tuple[dict[str, Any], dict[str, 
         # estimator, compared separately (`kl_trl_default`).
         "token-mean+kl": ({"loss_agg": "token-mean", "kl_coef": KL_COEF},
                           {"loss_type": "dapo", "beta": KL_COEF, "use_bias_correction_kl": False}),
+        # Two updates per batch: on the second the ratio leaves 1 and the clip acts (at one update
+        # per batch it never does, so this is the only variant that tests clip epsilon).
+        "token-mean-2epochs": ({"loss_agg": "token-mean", "ppo_epochs": 2}, {"loss_type": "dapo", "num_iterations": 2}),
     }[name]
 
 
 def lockstep(model_dir: Path, pool: list[dict], targets, s: Settings, seed: int, ours: dict, record: list,
-             work: Path, variants: tuple[str, ...] = VARIANTS) -> dict:
+             work: Path, variants: tuple[str, ...] = VARIANTS, extras: bool = True) -> dict:
     """The recorded ragrl run `ours` (of `seed`, token-mean) against trainers fed its samples:
 
     * `floor`: ragrl again, in micro-batches of one group: the same computation summed in another
@@ -371,7 +387,9 @@ def lockstep(model_dir: Path, pool: list[dict], targets, s: Settings, seed: int,
       one known formula difference is matched;
     * `token-mean_vs_<variant>`: ragrl token-mean against ragrl with the variant, the distance a
       trainer that silently ignored the setting would show (how sharp the check is);
-    * `kl_trl_default`: ragrl's KL variant against TRL's default KL (times the importance ratio).
+    * with `extras`, `kl_trl_default`: ragrl's KL variant against TRL's default KL (times the
+      importance ratio), and `clip_ignored`: ragrl's two-epoch variant against itself without
+      clipping (what a clip epsilon that did nothing would look like).
     """
     from safetensors.torch import load_file
 
@@ -390,11 +408,14 @@ def lockstep(model_dir: Path, pool: list[dict], targets, s: Settings, seed: int,
             out["per_step"] = {"ragrl": _curves(ours), "trl": _curves(theirs)}
         else:
             out[f"token-mean_vs_{name}"] = compare_runs(ours, mine, initial)
-        if name == "token-mean+kl":
-            ragrl_over, trl_over = variant_settings(name, s)
+        if name == "token-mean+kl" and extras:
             biased = run_trl(model_dir, pool, targets, s, seed, work / "trl_kl_default", replay=record,
                              **{**trl_over, "use_bias_correction_kl": True})
             out["kl_trl_default"] = compare_runs(mine, biased, initial)
+        if name == "token-mean-2epochs" and extras:
+            unclipped = run_ragrl(model_dir, pool, targets, s, seed, work / "ragrl_unclipped", replay=record,
+                                  adv_eps=TRL_ADV_EPS, **{**ragrl_over, "clip_eps": 1e9})
+            out["clip_ignored"] = compare_runs(mine, unclipped, initial)
     return out
 
 
@@ -402,7 +423,7 @@ TRL_ADV_EPS = 1e-4  # trl/trainer/grpo_trainer.py: advantages / (std_rewards + 1
 
 
 def _curves(run: dict) -> dict[str, list[float]]:
-    return {k: run[k] for k in ("reward", "loss", "grad_norm")}
+    return {k: run[k] for k in ("reward", "loss", "grad_norm", "clip_frac")}
 
 
 def summary(curves: dict[str, dict[str, dict[str, list[float]]]]) -> dict:
@@ -432,9 +453,10 @@ def summary(curves: dict[str, dict[str, dict[str, list[float]]]]) -> dict:
 
 
 def crosscheck(s: Settings, out_dir: Path, trainers=TRAINERS, lockstep_check: bool = True,
-               write: bool = True) -> dict:
+               lockstep_extras: bool = True, write: bool = True) -> dict:
     """Every trainer on every seed of `s`, sampling on its own, then (`lockstep_check`) the lock-step
-    replay of ragrl's first-seed run; returns the results and (`write`) writes them to out_dir."""
+    replay of ragrl's first-seed run (`lockstep_extras`: see `lockstep`); returns the results and
+    (`write`) writes them to out_dir."""
     import transformers
 
     if lockstep_check and "ragrl" not in trainers:
@@ -466,7 +488,8 @@ def crosscheck(s: Settings, out_dir: Path, trainers=TRAINERS, lockstep_check: bo
                     f"{q['last_quarter']:.3f} in the last ({times[name][str(seed)]} s)")
         locked = None
         if lockstep_check:
-            locked = lockstep(model_dir, pool, targets, s, s.seeds[0], recorded, record, tmp / "lockstep")
+            locked = lockstep(model_dir, pool, targets, s, s.seeds[0], recorded, record, tmp / "lockstep",
+                              extras=lockstep_extras)
             for pair, c in locked.items():
                 if not isinstance(c, dict) or "weights" not in c:
                     continue
@@ -491,7 +514,7 @@ def crosscheck(s: Settings, out_dir: Path, trainers=TRAINERS, lockstep_check: bo
 
 def write_outputs(result: dict, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "crosscheck.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out_dir / "crosscheck.json").write_text(compact_json(result) + "\n")
     with open(out_dir / "crosscheck.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["trainer", "seed", "step", "mean_reward", "loss", "grad_norm"])
@@ -500,6 +523,24 @@ def write_outputs(result: dict, out_dir: Path) -> None:
                 w.writerows([t, seed, k + 1, f"{r:.6f}", f"{l:.6g}", f"{g:.6g}"]
                             for k, (r, l, g) in enumerate(zip(c["reward"], c["loss"], c["grad_norm"])))
     plot(result, out_dir / "crosscheck.png")
+
+
+def compact_json(obj: Any) -> str:
+    """JSON with floats to 6 significant digits and lists of numbers on one line: the per-step
+    curves are most of the file."""
+
+    def rounded(x: Any) -> Any:
+        if isinstance(x, float):
+            return float(f"{x:.6g}")
+        if isinstance(x, dict):
+            return {k: rounded(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [rounded(v) for v in x]
+        return x
+
+    text = json.dumps(rounded(obj), indent=1)
+    return re.sub(r"\[\s+([-+0-9.eE,\s]+?)\s+\]", lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
+                  text)
 
 
 def _versions() -> dict[str, str]:
@@ -540,7 +581,7 @@ def plot(result: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "docs/figures/grpo_crosscheck")
-    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(16)))
     ap.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
     ap.add_argument("--no-lockstep", action="store_true", help="skip the lock-step replay of the first seed")
     for f in Settings.__dataclass_fields__.values():
