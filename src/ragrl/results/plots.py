@@ -69,6 +69,14 @@ def _save(fig, path: Path) -> None:
         fig.savefig(tmp, format="png", metadata={"Software": None})
 
 
+def _suptitle(fig, text: str) -> None:
+    """The figure's title, wrapped to its width (a long title on a narrow figure is cut off)."""
+    import textwrap
+
+    chars = max(30, int(fig.get_figwidth() * DPI / 7))  # ~7 px per character at the medium font size
+    fig.suptitle(textwrap.fill(text, chars), fontsize="medium")
+
+
 def _note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
     ax.set_xticks([])
@@ -204,8 +212,8 @@ def reward_curves_figure(db_path: str | os.PathLike):
     ncols = min(3, len(runs))
     nrows = math.ceil(len(runs) / ncols)
     fig, axes = _grid(ncols * PANEL_WIDTH_IN, [2.9] * nrows, ncols)
-    fig.suptitle("Reward per RL step (thin: raw; thick: trailing mean) and the tied-group share "
-                 "(dashed, right axis: GRPO groups whose rewards all tie)", fontsize="medium")
+    _suptitle(fig, "Reward per RL step (thin: raw; thick: trailing mean) and the tied-group share "
+                   "(dashed, right axis: GRPO groups whose rewards all tie)")
     for i, ax in enumerate(axes.flat):
         if i >= len(runs):
             ax.set_axis_off()
@@ -407,8 +415,7 @@ def metrics_figure(db_path: str | os.PathLike, metric: str):
     nrows = math.ceil(len(panels) / ncols)
     heights = [_panel_height(max(len(p[1]) for p in panels[r * ncols:(r + 1) * ncols])) for r in range(nrows)]
     fig, axes = _grid(ncols * PANEL_WIDTH_IN, heights, ncols)
-    fig.suptitle(f"{metric} per method family (points: mean over the questions; bars: 95% bootstrap interval)",
-                 fontsize="medium")
+    _suptitle(fig, f"{metric} per method family (points: mean over the questions; bars: 95% bootstrap interval)")
     for i, ax in enumerate(axes.flat):
         if i < len(panels):
             title, runs, ds = panels[i]
@@ -443,8 +450,8 @@ def paired_figure(db_path: str | os.PathLike, metric: str):
         _note(ax, f"no paired runs with per-question {metric}")
         return fig
     fig, axes = _grid(2 * PANEL_WIDTH_IN, [_panel_height(len(p[1])) for p in panels], 1)
-    fig.suptitle(f"Paired differences in {metric} (mean over the questions both runs answered; 95% paired "
-                 "bootstrap interval; green / red: clear of 0, run better / worse)", fontsize="medium")
+    _suptitle(fig, f"Paired differences in {metric} (mean over the questions both runs answered; 95% paired "
+                   "bootstrap interval; green / red: clear of 0, run better / worse)")
     for ax, (title, rows, multi) in zip(axes.flat, panels):
         _draw_forest(ax, rows, title, multi, res.higher_is_better(metric))
     return fig
@@ -485,8 +492,8 @@ def family_figure(db_path: str | os.PathLike, family: str, res: _Results | None 
     heights = [_panel_height(max(len(r), len(p))) + (0.2 * math.ceil(len(d) / 2) if len(d) > 1 else 0)
                for _, r, d, p in rows_by_metric]
     fig, axes = _grid(2 * PANEL_WIDTH_IN + 2.4, heights, 2)
-    fig.suptitle(f"{family}: runs in pipeline order (left, 95% bootstrap intervals) and paired differences "
-                 "(right, run − baseline, 95% paired bootstrap)", fontsize="medium")
+    _suptitle(fig, f"{family}: runs in pipeline order (left, 95% bootstrap intervals) and paired differences "
+                   "(right, run − baseline, 95% paired bootstrap)")
     for (metric, runs, datasets, pairs), (ax_runs, ax_pairs) in zip(rows_by_metric, axes):
         if runs:
             _draw_runs(ax_runs, res, runs, datasets, metric, metric if len(datasets) > 1 else f"{metric} · {datasets[0]}")
