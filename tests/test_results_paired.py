@@ -151,17 +151,29 @@ def test_family_order_is_the_pipeline():
 # --------------------------------------------------------------------------------------------
 
 def _dry_run_build_args(workdir: Path, config: dict) -> list[str]:
-    """The `ragrl results build` command line a dry run of `config` plans."""
+    """The `ragrl results build` command line a dry run of `config` plans; checks on the way that
+    rule results_plots declares the figures `ragrl results plots` writes for that database: one
+    family figure per family of the lineage, one training figure per training log."""
     cfg = workdir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
     (workdir / "resources").symlink_to(REPO / "resources")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.run([SNAKEMAKE, "-n", "-p", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-                           "--configfile", str(cfg), "--cores", "1", "results/ragrl.duckdb"],
+                           "--configfile", str(cfg), "--cores", "1", "results/plots/reward_curves.png"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if "ragrl results build" in ln]
-    return shlex.split(line)
+    args = shlex.split(line)
+    lines = proc.stdout.splitlines()
+    block = lines[lines.index("rule results_plots:"):]
+    declared = {Path(p).name for p in next(ln for ln in block if ln.strip().startswith("output:"))
+                .split("output:", 1)[1].split(",") if p.strip()}
+    families = {e["family"] for e in json.loads(args[args.index("--lineage") + 1]).values()}
+    logs = args[args.index("--train-logs") + 1:args.index("--benchmarks-dir")]
+    assert {n for n in declared if n.startswith("family_")} == {f"family_{f}.png" for f in families}
+    assert {n for n in declared if n.endswith("_training.png")} == {f"{Path(p).parent.name}_training.png"
+                                                                    for p in logs}
+    return args
 
 
 def test_workflow_lineage_pairs_rl_with_its_sft_start(tmp_path):
