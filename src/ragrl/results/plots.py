@@ -359,7 +359,7 @@ def _draw_forest(ax, rows: Sequence[tuple], title: str, with_dataset: bool, high
     clear of 0 is green when the run is better, red when worse (blue where neither direction is
     better), grey otherwise. The numbers stand on the right-hand axis."""
     if not rows:
-        _note(ax, "no paired runs")
+        _note(ax, "no pair of runs with per-question values")
         ax.set_title(title, fontsize="medium")
         return
     ys = list(range(len(rows)))
