@@ -149,10 +149,17 @@ def _draw_reward(ax, rows: Sequence[tuple], *, band: bool = True, legend: bool =
                         color="C0", alpha=0.12, label="± std")
     if legend:
         ax.legend(loc="best", fontsize="x-small")
+    _integer_steps(ax)
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.grid(True, alpha=0.3)
     return True
+
+
+def _integer_steps(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _draw_tied(ax, rows: Sequence[tuple], label: bool = True) -> bool:
@@ -185,6 +192,7 @@ def plot_training(db_path: str | os.PathLike, out_dir: str | os.PathLike) -> lis
         fig.suptitle(f"{run_id}: training")
         _draw_reward(ax_r, rows)
         if _draw_tied(ax_t, rows):
+            _integer_steps(ax_t)
             ax_t.set_xlabel("step")
             ax_t.grid(True, alpha=0.3)
         else:
@@ -192,6 +200,7 @@ def plot_training(db_path: str | os.PathLike, out_dir: str | os.PathLike) -> lis
         xs, ys = _series(rows, 3)
         if xs:
             ax_kl.plot(xs, ys, color="C2")
+            _integer_steps(ax_kl)
             ax_kl.set_xlabel("step")
             ax_kl.grid(True, alpha=0.3)
         else:
