@@ -158,7 +158,7 @@ def test_composite_reward():
     junk = {"response_text": "junk", "answer": None, "actions": [{"text": "junk", "observation": None}]}
     assert composite_reward(junk, golds, {"em": 1.0, "format": 1.0}) == 0.0
     # A trajectory is scored by its turn record; one without a record is refused, not re-parsed.
-    with pytest.raises(ValueError, match="no turn record"):
+    with pytest.raises(RuntimeError, match="no turn record"):
         composite_reward({"response_text": GOOD, "answer": "Velmar"}, golds, {"format": 1.0})
     with pytest.raises(ValueError, match="unknown reward weight"):
         composite_reward(good, golds, {"accuracy": 1.0})

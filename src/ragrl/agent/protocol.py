@@ -358,11 +358,12 @@ def recorded_turns(trajectory) -> list[TurnRecord]:
     """The turn records of a trajectory (a `Trajectory` or its dict) from the engine's `actions`.
 
     A trajectory without them (an engine that records no turns, a transcript saved before they
-    existed) is an error, not a reason to fall back to parsing its text."""
+    existed) is an error, not a reason to fall back to parsing its text; a RuntimeError, since it
+    is a defect of the engine, not of the user's input (the CLI shows its traceback)."""
     actions = trajectory.get("actions") if isinstance(trajectory, Mapping) else getattr(trajectory, "actions", None)
     if actions is None or any("text" not in a for a in actions):
-        raise ValueError("trajectory has no turn record (actions[*].text / .observation): rewards do not re-parse "
-                         "response text, where the policy's own <information> blocks would pass as observations")
+        raise RuntimeError("trajectory has no turn record (actions[*].text / .observation): rewards do not re-parse "
+                           "response text, where the policy's own <information> blocks would pass as observations")
     return [TurnRecord(str(a["text"]), a.get("observation"), bool(a.get("after_notice", False))) for a in actions]
 
 
