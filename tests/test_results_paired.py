@@ -306,13 +306,8 @@ PAIRED_RUNS = {
     # Another task's run on other questions: its lineage links it to base, but nothing is shared.
     "kg_sft": ("kg", "sft", {"kgqa": {"id": IDS, "question_type": TYPES, "em": [1.0] * 4, "f1": [1.0] * 4}}),
 }
-PAIRED_LINEAGE = {
-    "base": {"family": "search", "step": "base"},
-    "search_sft": {"family": "search", "step": "sft", "start_run": "base"},
-    "search_rl": {"family": "search", "step": "rl", "start_run": "search_sft"},
-    "search_oracle": {"family": "search", "step": "oracle", "variant_of": "search_rl"},
-    "kg_sft": {"family": "kg", "step": "sft", "start_run": "base"},
-}
+PAIRED_LINEAGE = {**{r: LINEAGE[r] for r in ("base", "search_sft", "search_rl", "search_oracle")},
+                  "kg_sft": {"family": "kg", "step": "sft", "start_run": "base"}}
 PAIRED_TABLES = [{"name": "main", "metric": "em", "runs": ["base", "search_sft", "search_rl", "search_oracle"],
                   "datasets": ["nq", "nq:1hop", "nq:bridge"]}]
 

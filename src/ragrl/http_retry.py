@@ -18,13 +18,18 @@ import httpx
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 
 
+def backoff_delay(attempt: int, backoff: float, max_backoff: float) -> float:
+    """Seconds to wait before retry `attempt` (1-based): doubling from `backoff`, capped."""
+    return min(backoff * 2 ** (attempt - 1), max_backoff)
+
+
 def request_with_retries(http: httpx.Client, method: str, url: str, *, retries: int, backoff: float,
                          max_backoff: float, rejected: type[Exception], unavailable: type[Exception],
                          service: str, **kwargs: Any) -> httpx.Response:
     last = ""
     for attempt in range(retries + 1):
         if attempt:
-            time.sleep(min(backoff * 2 ** (attempt - 1), max_backoff))
+            time.sleep(backoff_delay(attempt, backoff, max_backoff))
         try:
             response = http.request(method, url, **kwargs)
         except httpx.TransportError as exc:  # connect errors, timeouts, dropped connections

@@ -37,12 +37,12 @@ def chat_text(http: httpx.Client, url: str, body: dict, *, retries: int, backoff
     (finish_reason "length") raises at once: asked again at temperature 0 it is cut again, and the
     cap is a setting to raise. Any other blank text is returned: the caller's format check counts
     it as off-format, so one stray empty reply does not stop a training run (`ReplyTally`)."""
-    from ragrl.http_retry import request_with_retries
+    from ragrl.http_retry import backoff_delay, request_with_retries
 
     finish = None
     for attempt in range(retries + 1):
         if attempt:
-            time.sleep(min(backoff * 2 ** (attempt - 1), max_backoff))
+            time.sleep(backoff_delay(attempt, backoff, max_backoff))
         response = request_with_retries(http, "POST", url, retries=retries, backoff=backoff, max_backoff=max_backoff,
                                         rejected=rejected, unavailable=unavailable, service=service, json=body)
         content, finish = _message(response, url, service, rejected)

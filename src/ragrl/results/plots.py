@@ -115,6 +115,12 @@ def _chunks(items: Sequence, size: int = MAX_ROWS) -> list[Sequence]:
     return [items[i:i + size] for i in range(0, len(items), size)] or [items]
 
 
+def _titled_chunks(items: Sequence, title: str) -> list[tuple[str, Sequence]]:
+    """`_chunks` of `items`, each titled `title`, numbered "(i/n)" when there are several."""
+    chunks = _chunks(items)
+    return [(f"{title} ({c + 1}/{len(chunks)})" if len(chunks) > 1 else title, part) for c, part in enumerate(chunks)]
+
+
 # --------------------------------------------------------------------------------------------
 # training curves
 # --------------------------------------------------------------------------------------------
@@ -412,10 +418,7 @@ def metrics_figure(db_path: str | os.PathLike, metric: str):
         # A dataset only a linked run of another family answered (a shared base row) is not this family's.
         for ds in res.datasets(own, metric):
             present = [r for r in runs if (r, ds, metric) in res.values]
-            chunks = _chunks(present)
-            for c, part in enumerate(chunks):
-                more = f" ({c + 1}/{len(chunks)})" if len(chunks) > 1 else ""
-                panels.append((f"{family} · {ds}{more}", part, ds))
+            panels += [(title, part, ds) for title, part in _titled_chunks(present, f"{family} · {ds}")]
     if not panels:
         fig, (ax,) = _figure(7, 2)
         _note(ax, f"no run a {metric} table shows has a {metric} value")
@@ -449,11 +452,7 @@ def paired_figure(db_path: str | os.PathLike, metric: str):
     for family in res.families:
         rows = [r for r in res.pairs if r[3] == family and r[5] == metric]
         multi = len({r[4] for r in rows}) > 1
-        chunks = _chunks(rows)
-        for c, part in enumerate(chunks):
-            if part:
-                more = f" ({c + 1}/{len(chunks)})" if len(chunks) > 1 else ""
-                panels.append((f"{family}{more}", part, multi))
+        panels += [(title, part, multi) for title, part in _titled_chunks(rows, family) if part]
     if not panels:
         fig, (ax,) = _figure(7, 2)
         _note(ax, f"no paired runs with per-question {metric}")

@@ -356,6 +356,18 @@ def render_tables(db_path: str | os.PathLike, specs: Sequence[Mapping[str, Any]]
     rendered before the first file is written, so a bad spec writes nothing.
     """
     out_dir = Path(out_dir)
+    rendered = []
+    for t in _load_specs(db_path, specs, load_table, "tables"):
+        rendered += [
+            (out_dir / f"{t.spec.name}.md", render_markdown(t)),
+            (out_dir / f"{t.spec.name}.csv", render_csv(t)),
+            (out_dir / f"{t.spec.name}.tex", render_latex(t)),
+        ]
+    return _write_all(rendered)
+
+
+def _load_specs(db_path: str | os.PathLike, specs: Sequence[Mapping[str, Any]], load, what: str) -> list:
+    """`load(con, spec)` for every checked spec, all before anything is written."""
     con = connect_read_only(db_path)
     try:
         default_metric = _default_metric(con)
@@ -365,18 +377,14 @@ def render_tables(db_path: str | os.PathLike, specs: Sequence[Mapping[str, Any]]
         if dups:
             raise ValueError(f"table spec name(s) used more than once: {', '.join(dups)}")
         try:
-            tables = [load_table(con, s) for s in norm]
+            return [load(con, s) for s in norm]
         except duckdb.Error as exc:
-            raise ValueError(f"{db_path}: rendering tables failed: {one_line(exc)}") from exc
+            raise ValueError(f"{db_path}: rendering {what} failed: {one_line(exc)}") from exc
     finally:
         con.close()
-    rendered = []
-    for t in tables:
-        rendered += [
-            (out_dir / f"{t.spec.name}.md", render_markdown(t)),
-            (out_dir / f"{t.spec.name}.csv", render_csv(t)),
-            (out_dir / f"{t.spec.name}.tex", render_latex(t)),
-        ]
+
+
+def _write_all(rendered: list[tuple[Path, str]]) -> list[Path]:
     for path, text in rendered:
         write_utf8(text, path)
     return [p for p, _ in rendered]
@@ -465,20 +473,8 @@ def render_delta_tables(db_path: str | os.PathLike, specs: Sequence[Mapping[str,
     """Write `{name}_delta.md` and `{name}_delta.csv` for each spec: the paired differences
     (`paired` table) between two runs of the table, in its metric, per dataset column."""
     out_dir = Path(out_dir)
-    con = connect_read_only(db_path)
-    try:
-        default_metric = _default_metric(con)
-        norm = [normalize_spec(s, default_metric=default_metric) for s in specs]
-        try:
-            deltas = [load_delta(con, s) for s in norm]
-        except duckdb.Error as exc:
-            raise ValueError(f"{db_path}: rendering delta tables failed: {one_line(exc)}") from exc
-    finally:
-        con.close()
     rendered = []
-    for d in deltas:
+    for d in _load_specs(db_path, specs, load_delta, "delta tables"):
         rendered += [(out_dir / f"{d.spec.name}_delta.md", render_delta_markdown(d)),
                      (out_dir / f"{d.spec.name}_delta.csv", render_delta_csv(d))]
-    for path, text in rendered:
-        write_utf8(text, path)
-    return [p for p, _ in rendered]
+    return _write_all(rendered)
