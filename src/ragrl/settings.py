@@ -13,7 +13,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 # RL: advantage estimators and loss aggregations the core implements (ragrl.train.losses).
-ALGORITHMS = ("grpo", "ppo_clip")
+# grpo and ppo_clip are critic-free; ppo trains a value model (critic) and takes GAE advantages.
+ALGORITHMS = ("grpo", "ppo_clip", "ppo")
+# k3: Schulman's low-variance estimator (the KL loss term, verl's low_var_kl); k1: logp - ref_logp
+# (verl's algorithm.kl_penalty "kl", what Search-R1's and RAG-R1's PPO put into the reward).
+KL_ESTIMATORS = ("k3", "k1")
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "grpo", "dr_grpo")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -93,12 +97,14 @@ class SFTArgs:
 
 @dataclass
 class RLConfig:
-    algorithm: str = "grpo"  # grpo: group-normalised advantages; ppo_clip: batch-normalised (no critic)
+    # grpo: group-normalised advantages; ppo_clip: batch-normalised (no critic); ppo: a learned
+    # critic and GAE advantages (docs/RL.md)
+    algorithm: str = "grpo"
     group_size: int = 4  # samples per prompt
     clip_eps: float = 0.2
     clip_eps_high: float | None = None  # None = clip_eps; larger = DAPO's clip-higher
     kl_coef: float = 0.0  # 0 skips the reference model entirely
-    kl_estimator: str = "k3"
+    kl_estimator: str = "k3"  # k3 | k1 (k1 only in the reward: as a loss its gradient is not the KL's)
     loss_agg: str = "token-mean"  # token-mean | grpo | dr_grpo
     scale_rewards: bool = True  # False: do not divide advantages by the std (Dr. GRPO)
     max_response_len: int | None = None  # dr_grpo's constant normaliser (the generation limit)
@@ -122,13 +128,41 @@ class RLConfig:
     # the update (their tokens get no loss and do not count in its normaliser); a step where every
     # group ties makes no update. Their share is logged either way (`tied_group_share`).
     filter_tied_groups: bool = False
+    # algorithm ppo only, under verl's names (algorithm.gamma / lam / use_kl_in_reward,
+    # critic.cliprange_value, critic.optim.lr); the defaults are verl's.
+    gamma: float = 1.0  # discount per policy token (observation tokens are skipped, not discounted)
+    lam: float = 1.0  # GAE lambda
+    cliprange_value: float = 0.5  # the critic's value clip around the values it predicted at rollout
+    critic_lr: float = 1e-5
+    critic_warmup_steps: int = 0  # linear warm-up of critic_lr, in RL steps (verl: lr_warmup_steps_ratio x steps)
+    # True: -kl_coef * KL per policy token is added to the token rewards (PPO-RLHF, verl's
+    # use_kl_in_reward with a fixed kl_ctrl); False: the KL is a loss term (the GRPO way).
+    use_kl_in_reward: bool = False
 
     def __post_init__(self) -> None:
         problems = []
         if self.algorithm not in ALGORITHMS:
             problems.append(f"algorithm {self.algorithm!r} not in {ALGORITHMS}")
-        if self.kl_estimator != "k3":
-            problems.append(f"kl_estimator {self.kl_estimator!r}: only 'k3' is implemented")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            problems.append(f"kl_estimator {self.kl_estimator!r} not in {KL_ESTIMATORS}")
+        if self.kl_estimator == "k1" and not self.use_kl_in_reward:
+            problems.append("kl_estimator 'k1' needs use_kl_in_reward (as a loss term k1 has a zero-mean gradient)")
+        if self.use_kl_in_reward and self.algorithm != "ppo":
+            # The critic-free estimators take one scalar reward per sample; a per-token KL reward
+            # needs the token-level returns only GAE computes.
+            problems.append(f"use_kl_in_reward needs algorithm 'ppo' (not {self.algorithm!r})")
+        if self.algorithm == "ppo":
+            if self.turn_advantage_weight:
+                problems.append("algorithm 'ppo' takes no turn_advantage_weight (GAE credits each token from the critic)")
+            if self.filter_tied_groups:
+                problems.append("algorithm 'ppo' takes no filter_tied_groups (a critic's advantages are not zero "
+                                "when a group's rewards tie)")
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
+            problems.append(f"gamma={self.gamma} and lam={self.lam} must be in [0, 1]")
+        if self.cliprange_value <= 0 or self.critic_lr <= 0:
+            problems.append("cliprange_value and critic_lr must be > 0")
+        if self.critic_warmup_steps < 0:
+            problems.append("critic_warmup_steps must be >= 0")
         if self.loss_agg not in LOSS_AGG_MODES:
             problems.append(f"loss_agg {self.loss_agg!r} not in {LOSS_AGG_MODES}")
         if self.mixed_precision not in ("no", "bf16"):

@@ -1,4 +1,5 @@
-"""Advantages without a critic: group-relative (GRPO) and turn-level (KG-R1), as pure functions.
+"""Advantages as pure functions: without a critic, group-relative (GRPO) and turn-level (KG-R1);
+with one, GAE over the policy's tokens (algorithm ppo).
 
 Every function takes plain tensors/lists and returns new tensors. Token-level results are [B, T]
 over right-padded response positions and are exactly zero wherever loss_mask is 0, so an
@@ -8,6 +9,7 @@ forgot the mask.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -101,3 +103,104 @@ def token_advantages(
             per_turn[i, known] = table[idx[known]]
         adv = adv + turn_weight * per_turn
     return adv * mask
+
+
+# --- PPO with a critic (algorithm ppo) ---------------------------------------------------------
+
+WHITEN_EPS = 1e-8  # verl's masked_whiten: (x - mean) * rsqrt(var + 1e-8)
+
+
+def token_level_rewards(
+    scores: Sequence[float] | torch.Tensor,
+    loss_mask: torch.Tensor,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> torch.Tensor:
+    """[B, T] rewards: each sample's scalar score on its *last policy token*, minus kl_coef * kl on
+    every policy token (verl's token_level_scores - beta * kld, with use_kl_in_reward).
+
+    The last policy token, not the last response token: GAE below steps over observation tokens,
+    so a score left on a trailing observation (a rollout cut off after a search) would be lost.
+    A sample without any policy token gets no reward (it has no action to credit).
+    """
+    mask = loss_mask.float()
+    rewards = torch.zeros(mask.shape, dtype=torch.float32)
+    scores = torch.as_tensor(scores, dtype=torch.float32)
+    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(dim=1).values
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    rewards[rows, last[rows]] = scores[rows]
+    if kl is not None and kl_coef != 0.0:
+        rewards = rewards - kl_coef * kl.float() * mask
+    return rewards
+
+
+def gae_advantages_returns(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    loss_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(gamma, lam) advantages and returns [B, T] over the policy tokens only (not whitened).
+
+    Observation tokens (loss_mask 0: retrieved text the environment inserted) and padding are
+    *skipped*, as verl's compute_gae_advantage_return does since its multi-turn agent loop: the
+    recursion runs over the policy tokens as if the observations were not there, so for policy
+    tokens t < t' adjacent in that subsequence
+
+        delta_t = r_t + gamma * V(t') - V(t),     A_t = delta_t + gamma * lam * A_t',
+
+    with V(t') = 0 and A_t' = 0 after the last policy token. An observation is part of the state
+    the next policy token's value sees, not a step of its own: it earns no reward, needs no value
+    target, and is neither discounted nor lambda-decayed over. Returns are A + V (the critic's
+    target). Both are zero wherever loss_mask is 0 (verl leaves carried-over numbers there that
+    every loss then masks; zeros make a forgotten mask harmless).
+    """
+    mask = loss_mask.float()
+    rewards = token_rewards.float()
+    values = values.float()
+    batch, length = mask.shape
+    next_value = torch.zeros(batch)
+    next_adv = torch.zeros(batch)
+    advantages = torch.zeros(batch, length)
+    for t in reversed(range(length)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        on = mask[:, t] > 0
+        # On a masked token the carried value and advantage pass through unchanged.
+        next_value = torch.where(on, values[:, t], next_value)
+        next_adv = torch.where(on, adv_t, next_adv)
+        advantages[:, t] = torch.where(on, adv_t, torch.zeros_like(adv_t))
+    returns = (advantages + values) * mask
+    return advantages, returns
+
+
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """(count, sum, sum of squares) of the mask-1 entries, in float64: what processes pool before whitening."""
+    mask = mask.double()
+    v = values.double() * mask
+    return float(mask.sum()), float(v.sum()), float((v * v).sum())
+
+
+def masked_whiten(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    moments: tuple[float, float, float] | None = None,
+    eps: float = WHITEN_EPS,
+) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the mask-1 entries, zero elsewhere (verl's masked_whiten:
+    Bessel-corrected variance, eps inside the root).
+
+    `moments` (count, sum, sum of squares, see masked_moments) lets the caller whiten with the
+    statistics of the whole batch pooled over processes, as verl whitens the whole batch at once.
+    A lone entry (count 1) has no spread: it is only centred, to 0, instead of verl's error.
+    """
+    count, total, total_sq = moments if moments is not None else masked_moments(values, mask)
+    if count < 1:
+        return torch.zeros_like(values, dtype=torch.float32)
+    mean = total / count
+    var = max(total_sq / count - mean * mean, 0.0) * count / (count - 1) if count > 1 else 0.0
+    centred = values.double() - mean
+    scaled = centred / math.sqrt(var + eps) if count > 1 else centred
+    return (scaled * mask.double()).float()

@@ -10,6 +10,8 @@ Layout under `out_dir`:
         rng-rank{R}.pt                python / numpy / torch / cuda RNG states of rank R
         scheduler.json                LR scheduler state (plain numbers)
         trainer_state.json            step, log_offset, num_processes, config; written last
+        critic/                       algorithm ppo: the value model (HF token-classification
+                                      model with one label), its optimizer.pt and scheduler.json
     final/                          HF model + tokenizer + trainer_state.json ({"finished": true})
     train_log.jsonl                 one JSON line per step
 
@@ -41,6 +43,7 @@ FINAL = "final"
 TRAINER_STATE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # one file, or shards and their index
+CRITIC = "critic"
 
 
 # --- locating ----------------------------------------------------------------------------------
@@ -221,10 +224,13 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     keep: int,
     tokenizer_dir: str | os.PathLike | None = None,
+    critic: tuple[Any, Any, Any] | None = None,
 ) -> Path:
     """Write checkpoints/step-N on all ranks, publish it with one rename, then drop all but the last `keep`.
 
     Must be called by every process (ranks write their own RNG and optimizer-partition files).
+    `critic`: (model, optimizer, scheduler) of the value model (algorithm ppo), saved under critic/
+    in the same checkpoint, so that the policy and its critic are always resumed from one step.
     """
     root = Path(out_dir) / CHECKPOINTS
     final_dir = root / f"step-{step}"
@@ -232,16 +238,25 @@ def save_checkpoint(
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        if critic is not None:
+            (tmp / CRITIC).mkdir()
     accelerator.wait_for_everyone()
 
     state_dict = gather_state_dict(accelerator, model)
     save_optimizer(accelerator, optimizer, tmp)
     torch.save(rng_state(), tmp / f"rng-rank{accelerator.process_index}.pt")
+    if critic is not None:
+        critic_model, critic_optimizer, critic_scheduler = critic
+        critic_state = gather_state_dict(accelerator, critic_model)
+        save_optimizer(accelerator, critic_optimizer, tmp / CRITIC)
     if accelerator.is_main_process:
         write_model(accelerator, model, state_dict, tmp)
         if tokenizer_dir is not None:
             copy_tokenizer(tokenizer_dir, tmp)
         write_json(scheduler.state_dict(), tmp / "scheduler.json")
+        if critic is not None:
+            write_model(accelerator, critic_model, critic_state, tmp / CRITIC)
+            write_json(critic_scheduler.state_dict(), tmp / CRITIC / "scheduler.json")
     accelerator.wait_for_everyone()
 
     if accelerator.is_main_process:
@@ -259,16 +274,23 @@ def save_checkpoint(
     return final_dir
 
 
-def load_checkpoint_state(accelerator, optimizer, scheduler, directory: str | os.PathLike) -> dict[str, Any]:
+def load_checkpoint_state(
+    accelerator, optimizer, scheduler, directory: str | os.PathLike, critic: tuple[Any, Any] | None = None
+) -> dict[str, Any]:
     """Restore optimizer, scheduler and this rank's RNG from a checkpoint; returns its trainer_state.
 
     The weights are not touched here: the caller builds the policy from the checkpoint directory
-    (it is an HF model directory) before wrapping it.
+    (it is an HF model directory) and the critic from its critic/ directory before wrapping them.
+    `critic`: (optimizer, scheduler) of the value model, restored from critic/.
     """
     directory = Path(directory)
     state = read_trainer_state(directory)
     load_optimizer(accelerator, optimizer, directory)
     scheduler.load_state_dict(json.loads((directory / "scheduler.json").read_text()))
+    if critic is not None:
+        critic_optimizer, critic_scheduler = critic
+        load_optimizer(accelerator, critic_optimizer, directory / CRITIC)
+        critic_scheduler.load_state_dict(json.loads((directory / CRITIC / "scheduler.json").read_text()))
     rng_file = directory / f"rng-rank{accelerator.process_index}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True))

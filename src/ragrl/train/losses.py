@@ -51,6 +51,20 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """The plain log-ratio logp - ref_logp per token (verl's kl_penalty "kl"): unbiased for
+    samples from the policy but negative on some tokens; what PPO-RLHF puts into the reward."""
+    return logp - ref_logp
+
+
+def kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    if estimator == "k3":
+        return kl_k3(logp, ref_logp)
+    if estimator == "k1":
+        return kl_k1(logp, ref_logp)
+    raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
 def ppo_clip_per_token(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -151,3 +165,28 @@ def policy_loss(
     stats["pg_loss"] = aggregate(pg.detach(), mask, "token-mean")
     stats["clip_frac"] = aggregate(was_clipped, mask, "token-mean")
     return loss, stats
+
+
+def value_loss(
+    vpreds: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange_value: float,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped value loss, 0.5 * token-mean of max((v - R)^2, (clip(v, V_old +- c) - R)^2)
+    over mask-1 tokens (verl's compute_value_loss with token-mean aggregation).
+
+    The clip keeps one update from moving a value further than cliprange_value from the value the
+    critic predicted at rollout (the one GAE used); taking the max makes it a pessimistic bound,
+    as the policy's clip is. `denominator` overrides the token count, as in `aggregate`.
+    Returns the loss and detached statistics: vf_clip_frac, the share of tokens where the
+    clipped term was the larger one.
+    """
+    clipped = old_values + (vpreds - old_values).clamp(-cliprange_value, cliprange_value)
+    unclipped_sq = (vpreds - returns) ** 2
+    clipped_sq = (clipped - returns) ** 2
+    per_token = torch.maximum(unclipped_sq, clipped_sq)
+    loss = 0.5 * aggregate(per_token, mask, "token-mean", denominator=denominator)
+    return loss, {"vf_clip_frac": aggregate((clipped_sq > unclipped_sq).float(), mask, "token-mean")}

@@ -1,4 +1,5 @@
-"""A compact critic-free policy-gradient trainer (GRPO / PPO-clip) on accelerate.
+"""A compact policy-gradient trainer on accelerate: critic-free (GRPO / PPO-clip) or PPO with a
+learned critic and GAE (algorithm ppo, docs/RL.md).
 
 Design: we write our own loop instead of using TRL's GRPOTrainer because the methods this
 workflow reproduces need two things it does not do: per-token (turn-level) advantages (KG-R1
@@ -14,9 +15,10 @@ One code path runs in a single CPU process, under DDP, and under DeepSpeed ZeRO-
 (`accelerate launch --config_file src/ragrl/train/deepspeed/accelerate_zero2[_cpu].yaml ...`).
 
 Per step: pick the step's prompts (a pure function of seed and step, so a resumed run continues
-the data order), let each process roll out its share, score old and reference log-probs without
-gradients, compute advantages, run `ppo_epochs` x `num_mini_batches` clipped updates, log one JSON
-line, and checkpoint every `checkpoint_every` steps.
+the data order), let each process roll out its share, score old and reference log-probs (and, for
+ppo, the critic's values) without gradients, compute advantages, run `ppo_epochs` x
+`num_mini_batches` clipped updates (ppo: of the critic, then of the policy), log one JSON line, and
+checkpoint every `checkpoint_every` steps.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from ragrl.train.losses import (
     LOSS_AGG_MODES,
     default_denominator,
     entropy_from_logits,
-    kl_k3,
+    kl_per_token,
     policy_loss,
     token_logprobs,
+    value_loss,
 )
 
 LOG_NAME = "train_log.jsonl"
@@ -168,6 +171,49 @@ def sample_advantages(
     return adv_lib.token_advantages(seq, batch["loss_mask"], batch["turn_index"], turn_adv, cfg.turn_advantage_weight)
 
 
+def ppo_advantages(
+    samples: Sequence[Sample],
+    batch: dict[str, torch.Tensor],
+    values: torch.Tensor,
+    kl: torch.Tensor | None,
+    cfg: RLConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unwhitened GAE advantages and returns [B, R] of algorithm ppo: each sample's reward on its
+    last policy token, -kl_coef * kl on every policy token when the KL is in the reward,
+    GAE(gamma, lam) over the policy tokens with the critic's `values`."""
+    mask = batch["loss_mask"]
+    in_reward = kl is not None and cfg.use_kl_in_reward
+    token_rewards = adv_lib.token_level_rewards([s.reward for s in samples], mask,
+                                                kl if in_reward else None, cfg.kl_coef if in_reward else 0.0)
+    return adv_lib.gae_advantages_returns(token_rewards, values, mask, cfg.gamma, cfg.lam)
+
+
+def critic_sums(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Per-process sums over policy tokens from which `critic_record` derives the logged critic metrics."""
+    m = mask.double()
+    v, r = values.double() * m, returns.double() * m
+    return {"critic:value": float(v.sum()), "critic:return": float(r.sum()), "critic:return_sq": float((r * r).sum()),
+            "critic:resid": float((r - v).sum()), "critic:resid_sq": float(((r - v) ** 2).sum())}
+
+
+def critic_record(sums: dict[str, float]) -> dict[str, float | None]:
+    """value_mean, return_mean and the explained variance 1 - Var(R - V) / Var(R) over the policy
+    tokens (verl's critic/vf_explained_var: near 1 when the critic predicts the returns)."""
+    tokens = sums["policy_tokens"]
+    if not tokens:
+        return {"value_mean": None, "return_mean": None, "vf_explained_var": None}
+
+    def var(total: str, total_sq: str) -> float:
+        mean = sums[total] / tokens
+        return max(sums[total_sq] / tokens - mean * mean, 0.0)
+
+    return {
+        "value_mean": sums["critic:value"] / tokens,
+        "return_mean": sums["critic:return"] / tokens,
+        "vf_explained_var": 1.0 - var("critic:resid", "critic:resid_sq") / (var("critic:return", "critic:return_sq") + 1e-5),
+    }
+
+
 def tied_samples(rewards: Sequence[float], groups: Sequence[int]) -> list[bool]:
     """Per sample: does every sample of its group have the same reward (a zero-advantage group)?"""
     by_group: dict[int, set[float]] = {}
@@ -257,10 +303,67 @@ def score(model, batch, micro_rows, temperature, device, with_entropy: bool, aut
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 
+def critic_values(critic, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The critic's V(s_t) for each response token t, [B, R] in float32.
+
+    s_t is everything before token t, so V(s_t) is read at the position that *predicts* token t,
+    the same alignment as response_logits (verl: values[:, -response_length - 1 : -1]).
+    """
+    r_len = batch["response_ids"].shape[1]
+    out = critic(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+    )
+    return out.logits[:, -r_len - 1 : -1, 0].float()
+
+
+@torch.no_grad()
+def score_values(critic, batch, micro_rows, device, autocast) -> torch.Tensor:
+    """No-grad critic values of the response tokens, micro-batch by micro-batch."""
+    out = []
+    for rows in micro_rows:
+        micro = _to(select(batch, rows), device)
+        with autocast():
+            out.append(critic_values(critic, micro).cpu())
+    return torch.cat(out)
+
+
 def _load_model(path, dtype):
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def _load_critic(path, seed: int):
+    """The value model: the policy's backbone with a one-output linear head per token, as verl's
+    critic (AutoModelForTokenClassification, num_labels 1, no dropout).
+
+    A separate model rather than a value head on the policy's backbone, because that is what verl
+    (and so Search-R1's and RAG-R1's PPO) trains: the critic has its own weights, optimizer and
+    learning rate (critic_lr, 10x the policy's in their scripts), so value regression never pulls
+    on the policy's representation and the policy loss needs no vf_coef to weigh the two. The
+    cost is a second model's memory. From the policy checkpoint the backbone is copied and the
+    head starts fresh, seeded, so two runs start from the same critic.
+    """
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    config.num_labels = 1
+    # The token-classification head adds dropout 0.1 when the config names none; a value model
+    # must be deterministic (verl sets classifier_dropout 0 too).
+    config.classifier_dropout = 0.0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        critic = transformers.AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+    # Loaded weights sit wherever the safetensors layout put them, a fresh head in a new (aligned)
+    # allocation; CPU kernels can round differently on differently aligned memory (seen: values 1
+    # ulp apart between a run and its resumption from the same weights). Fresh copies of every
+    # weight make a resumed critic compute exactly what the uninterrupted one did.
+    for param in critic.parameters():
+        param.data = param.data.clone()
+    return critic
 
 
 # --- distributed plumbing ----------------------------------------------------------------------
@@ -346,7 +449,8 @@ def train_rl(
 
     ref_dir: the frozen KL reference; None means the initial policy (policy_dir). It is not loaded
     at all when cfg.kl_coef == 0. Resumes from the latest checkpoint in out_dir; a finished run
-    (out_dir/final trained for >= cfg.steps) returns at once.
+    (out_dir/final trained for >= cfg.steps) returns at once. algorithm ppo also trains a critic
+    initialised from policy_dir; it lives in the checkpoints (critic/), not in final/.
     """
     out_dir = Path(out_dir)
     if ckpt.is_finished(out_dir, cfg.steps):
@@ -377,17 +481,33 @@ def train_rl(
         ref = _load_model(ref_dir or policy_dir, ref_dtype).to(accelerator.device).eval().requires_grad_(False)
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warmup = cfg.warmup_steps
     # Not passed to prepare(): accelerate would step it once per process per call, and DeepSpeed
     # once per optimizer step; we step it once per RL step.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(cfg.warmup_steps))
     _configure_deepspeed(accelerator, cfg, micro_size, n_micro)
-    model, optimizer = accelerator.prepare(policy, optimizer)
+    critic = None  # algorithm ppo: (model, optimizer, scheduler) of the value model
+    if cfg.algorithm == "ppo":
+        if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+            # accelerate wraps one model per DeepSpeed engine (a second needs a second plugin).
+            raise NotImplementedError("algorithm ppo (policy + critic) runs in one process or under DDP, "
+                                      "not under DeepSpeed")
+        if resume_dir is not None and not (resume_dir / ckpt.CRITIC).is_dir():
+            raise FileNotFoundError(f"{resume_dir} has no {ckpt.CRITIC}/: it was not written by an algorithm ppo run")
+        critic_model = _load_critic(resume_dir / ckpt.CRITIC if resume_dir else policy_dir, cfg.seed)
+        critic_optimizer = torch.optim.AdamW(critic_model.parameters(), lr=cfg.critic_lr,
+                                             weight_decay=cfg.weight_decay)
+        critic_scheduler = torch.optim.lr_scheduler.LambdaLR(critic_optimizer, _warmup(cfg.critic_warmup_steps))
+        model, optimizer, critic_model, critic_optimizer = accelerator.prepare(
+            policy, optimizer, critic_model, critic_optimizer)
+        critic = (critic_model, critic_optimizer, critic_scheduler)
+    else:
+        model, optimizer = accelerator.prepare(policy, optimizer)
 
     start_step, log_offset = 0, 0
     set_seed(cfg.seed, device_specific=True)
     if resume_dir is not None:
-        state = ckpt.load_checkpoint_state(accelerator, optimizer, scheduler, resume_dir)
+        state = ckpt.load_checkpoint_state(accelerator, optimizer, scheduler, resume_dir,
+                                           critic=critic[1:] if critic else None)
         start_step, log_offset = int(state["step"]), int(state["log_offset"])
         if start_step > cfg.steps:
             raise ValueError(f"{resume_dir} is past step {start_step}, beyond the requested steps={cfg.steps}")
@@ -402,7 +522,7 @@ def train_rl(
 
     for step in range(start_step + 1, cfg.steps + 1):
         rec = _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_fn, cfg, step, pad_id,
-                          micro_size, n_micro)
+                          micro_size, n_micro, critic)
         if is_main:
             with open(log_path, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")
@@ -415,6 +535,7 @@ def train_rl(
             ckpt.save_checkpoint(
                 accelerator, model, optimizer, scheduler, out_dir, step,
                 {"log_offset": log_offset, "config": asdict(cfg)}, cfg.keep_checkpoints, tokenizer_dir=policy_dir,
+                critic=critic,
             )
 
     # Also reached with no step left to run: a run killed while writing `final` only redoes that.
@@ -424,8 +545,12 @@ def train_rl(
     return final
 
 
+def _warmup(steps: int):
+    return lambda s: min(1.0, (s + 1) / steps) if steps else 1.0
+
+
 def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_fn, cfg: RLConfig, step: int,
-                pad_id: int, micro_size: int, n_micro: int) -> dict[str, Any]:
+                pad_id: int, micro_size: int, n_micro: int, critic=None) -> dict[str, Any]:
     t0 = time.perf_counter()
     device = accelerator.device
     unwrapped = accelerator.unwrap_model(model)
@@ -446,6 +571,8 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     ref_logp = None
     if ref is not None:
         ref_logp, _ = score(ref, batch, score_rows, cfg.temperature, device, False, accelerator.autocast)
+    # The KL estimator used (in the reward or the loss) is also the one logged.
+    kl = kl_per_token(old_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None else None
 
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
     mask = batch["loss_mask"]
@@ -461,7 +588,7 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
         "searches_count": float(len(searches)),
         "kl_present": float(ref_logp is not None),
         "entropy_present": float(entropy is not None),
-        "kl": float((kl_k3(old_logp, ref_logp) * mask).sum()) if ref_logp is not None else 0.0,
+        "kl": float((kl * mask).sum()) if kl is not None else 0.0,
         "entropy": float((entropy * mask).sum()) if entropy is not None else 0.0,
     }
     tied = tied_samples([s.reward for s in samples], [s.group for s in samples])
@@ -472,16 +599,46 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     # keys come from the rollout function, identical on every process.
     for key in sorted(set().union(*(s.stats for s in samples)) - {"searches", "response_length"}):
         sums[f"stat:{key}"] = float(sum(float(s.stats.get(key, 0.0)) for s in samples))
+    if critic is not None:
+        critic[0].eval()
+        old_values = score_values(critic[0], batch, score_rows, device, accelerator.autocast)
+        raw_advantages, returns = ppo_advantages(samples, batch, old_values, kl, cfg)
+        sums.update(critic_sums(old_values, returns, mask))
+        # Whitened with the statistics of the whole batch, pooled over processes, as verl whitens
+        # the batch it gathered.
+        sums.update(zip(("adv:n", "adv:sum", "adv:sq"), adv_lib.masked_moments(raw_advantages, mask)))
     pooled = _pooled_sums(accelerator, sums)
     batch_mean = pooled["reward"] / pooled["samples"]
     batch_var = max(pooled["reward_sq"] / pooled["samples"] - batch_mean**2, 0.0)
     batch_std = math.sqrt(batch_var * pooled["samples"] / max(pooled["samples"] - 1, 1))
-    advantages = sample_advantages(samples, batch, cfg, batch_mean, batch_std)
+    if critic is not None:
+        advantages = adv_lib.masked_whiten(raw_advantages, mask, (pooled["adv:n"], pooled["adv:sum"], pooled["adv:sq"]))
+    else:
+        advantages = sample_advantages(samples, batch, cfg, batch_mean, batch_std)
 
     lr = optimizer.param_groups[0]["lr"]
     if cfg.filter_tied_groups:
         keep = torch.tensor([not t for t in tied], dtype=batch["loss_mask"].dtype)
         batch = {**batch, "loss_mask": batch["loss_mask"] * keep[:, None]}
+    critic_extra: dict[str, Any] = {}
+    if critic is not None:
+        # verl's order: the critic first, then the policy; both read the advantages and returns
+        # fixed above, so the order changes nothing but memory peaks.
+        value_losses, critic_norms, value_clips = _update_critic(accelerator, critic[0], critic[1], cfg, step, batch,
+                                                                 old_values, returns, n_micro)
+        pooled_critic = _pooled_sums(accelerator, {
+            "value_loss": float(np.mean(value_losses)),
+            "value_clip_frac": float(np.mean(value_clips)),
+            "critic_grad_norm": float(np.mean(critic_norms)) if critic_norms else 0.0,
+        })
+        world = accelerator.num_processes
+        critic_extra = {
+            **critic_record(pooled),
+            "value_loss": pooled_critic["value_loss"] / world,
+            "value_clip_frac": pooled_critic["value_clip_frac"] / world,
+            "critic_grad_norm": pooled_critic["critic_grad_norm"] / world if critic_norms else None,
+            "critic_lr": critic[1].param_groups[0]["lr"],
+        }
     if cfg.filter_tied_groups and pooled["tied_groups"] == pooled["groups"]:
         losses, grad_norms, clip_fracs = [0.0], [], [0.0]  # nothing to learn from: no update
     else:
@@ -491,6 +648,8 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
         # A skipped (all-tied) step still advances the schedule, so LR stays a function of the step.
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         scheduler.step()
+        if critic is not None:
+            critic[2].step()
 
     extra_sums = _pooled_sums(accelerator, {
         "loss": float(np.mean(losses)),
@@ -504,9 +663,18 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
         # DDP/ZeRO norms are of the already-averaged gradient, so identical on every rank.
         "grad_norm": extra_sums["grad_norm"] / world if grad_norms else None,
         "lr": lr,
+        **critic_extra,
         "rollout_time_s": t_rollout,
         "step_time_s": time.perf_counter() - t0,
     })
+
+
+def _shuffle_generator(cfg: RLConfig, step: int, rank: int) -> torch.Generator:
+    # Mini-batch shuffling is seeded by (seed, step, rank) rather than the global RNG so that it
+    # does not perturb the sampling stream of the rollouts; the critic's update and the policy's
+    # each take a fresh one, so both see the same mini-batches.
+    seed = int(np.random.SeedSequence([cfg.seed, step, rank]).generate_state(1)[0])
+    return torch.Generator().manual_seed(seed)
 
 
 def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, advantages, old_logp, ref_logp,
@@ -515,10 +683,9 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
     model.train()
     device = accelerator.device
     n = advantages.shape[0]
-    # Mini-batch shuffling is seeded by (seed, step, rank) rather than the global RNG so that it
-    # does not perturb the sampling stream of the rollouts.
-    seed = int(np.random.SeedSequence([cfg.seed, step, accelerator.process_index]).generate_state(1)[0])
-    gen = torch.Generator().manual_seed(seed)
+    gen = _shuffle_generator(cfg, step, accelerator.process_index)
+    # With the KL in the reward (ppo) it is already in the advantages; it is not a loss term too.
+    kl_coef = 0.0 if cfg.use_kl_in_reward else cfg.kl_coef
     losses, grad_norms, clip_fracs = [], [], []
     for _ in range(cfg.ppo_epochs):
         order = torch.randperm(n, generator=gen) if cfg.num_mini_batches > 1 else torch.arange(n)
@@ -546,7 +713,7 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
                         clip_high=cfg.clip_high,
                         loss_agg=cfg.loss_agg,
                         ref_logp=ref_logp[rows].to(device) if ref_logp is not None else None,
-                        kl_coef=cfg.kl_coef,
+                        kl_coef=kl_coef,
                         max_response_len=cfg.max_response_len,
                         denominator=denominator,
                     )
@@ -564,3 +731,51 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
             losses.append(mb_loss)
             clip_fracs.append(mb_clip)
     return losses, grad_norms, clip_fracs
+
+
+def _update_critic(accelerator, critic, optimizer, cfg: RLConfig, step: int, batch, old_values, returns,
+                   n_micro: int) -> tuple[list[float], list[float], list[float]]:
+    """ppo_epochs x num_mini_batches clipped value regressions towards the GAE returns, on the
+    policy tokens only (observation tokens have no value target); the same mini-batches, micro-
+    batching and gradient clipping as the policy's update."""
+    critic.train()
+    gen = _shuffle_generator(cfg, step, accelerator.process_index)
+    n = returns.shape[0]
+    losses, grad_norms, clip_fracs = [], [], []
+    for _ in range(cfg.ppo_epochs):
+        order = torch.randperm(n, generator=gen) if cfg.num_mini_batches > 1 else torch.arange(n)
+        for mini_rows in order.tensor_split(cfg.num_mini_batches):
+            loss, clip_frac, norm = _critic_mini_batch(accelerator, critic, optimizer, cfg, batch, old_values, returns,
+                                                       mini_rows, n_micro)
+            losses.append(loss)
+            clip_fracs.append(clip_frac)
+            if norm is not None:
+                grad_norms.append(norm)
+    return losses, grad_norms, clip_fracs
+
+
+def _critic_mini_batch(accelerator, critic, optimizer, cfg: RLConfig, batch, old_values, returns, mini_rows,
+                       n_micro: int) -> tuple[float, float, float | None]:
+    """One optimizer step of the critic on `mini_rows`: (loss, value clip fraction, gradient norm)."""
+    device = accelerator.device
+    # token-mean over the mini-batch's policy tokens, whichever micro-batch they fall in
+    denominator = _per_process_denominator(
+        accelerator, default_denominator(batch["loss_mask"][mini_rows], "token-mean"))
+    total, clip_frac, grad_norm = 0.0, 0.0, None
+    for micro_pos in torch.arange(len(mini_rows)).tensor_split(n_micro):
+        rows = mini_rows[micro_pos]
+        micro = _to(select(batch, rows), device)
+        with accelerator.accumulate(critic):
+            with accelerator.autocast():
+                vpreds = critic_values(critic, micro)
+            loss, stats = value_loss(vpreds, old_values[rows].to(device), returns[rows].to(device),
+                                     micro["loss_mask"], cfg.cliprange_value, denominator=denominator)
+            accelerator.backward(loss * n_micro)  # undo accelerate's division, as in _update
+            total += float(loss.detach())
+            clip_frac += float(stats["vf_clip_frac"]) / n_micro
+            if accelerator.sync_gradients:
+                norm = accelerator.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
+                grad_norm = float(norm) if norm is not None else None
+            optimizer.step()
+            optimizer.zero_grad()
+    return total, clip_frac, grad_norm
