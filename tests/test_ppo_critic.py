@@ -159,6 +159,58 @@ def test_config_rejects_what_ppo_cannot_do(values, needle):
         RLConfig.from_dict(values)
 
 
+# --- the same numbers as verl's own functions ----------------------------------------------------
+
+VERL_VENV = os.environ.get("RAGRL_VERL_VENV")
+
+# Run with the verl venv's python: verl's GAE (with its whitening), value loss and k1 KL on the
+# tensors of a JSON spec; prints their results as JSON.
+VERL_SNIPPET = """
+import json, sys, torch
+from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_value_loss, kl_penalty
+spec = json.load(open(sys.argv[1]))
+t = {k: torch.tensor(v, dtype=torch.float32) for k, v in spec["tensors"].items()}
+adv, ret = compute_gae_advantage_return(t["rewards"], t["values"], t["mask"], spec["gamma"], spec["lam"])
+vf_loss, vf_clip = compute_value_loss(t["vpreds"], ret, t["values"], t["mask"], spec["cliprange_value"])
+print(json.dumps({"advantages": adv.tolist(), "returns": ret.tolist(), "vf_loss": float(vf_loss),
+                  "vf_clip": float(vf_clip), "k1": kl_penalty(t["logp"], t["ref"], "kl").tolist()}))
+"""
+
+
+@pytest.mark.skipif(not VERL_VENV, reason="RAGRL_VERL_VENV is unset; `make test` builds .venv-verl and sets it")
+def test_gae_whitening_and_value_loss_match_verls_own_functions(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    b, t = 4, 12
+    mask = (torch.rand(b, t, generator=gen) > 0.35).float()
+    mask[:, 0] = 1.0
+    mask[1, 8:] = 0.0  # padding
+    mask[2, -3:] = 0.0  # a trajectory that ends on an observation
+    logp, ref = -torch.rand(b, t, generator=gen), -torch.rand(b, t, generator=gen)
+    values = torch.randn(b, t, generator=gen)
+    scores = [1.0, 0.0, 0.5, -1.0]
+    rewards = adv.token_level_rewards(scores, mask, kl_k1(logp, ref), kl_coef=0.1)
+    vpreds = values + 0.8 * torch.randn(b, t, generator=gen)
+    settings = {"gamma": 0.97, "lam": 0.9, "cliprange_value": 0.5}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**settings, "tensors": {
+        "rewards": rewards.tolist(), "values": values.tolist(), "mask": mask.tolist(), "vpreds": vpreds.tolist(),
+        "logp": logp.tolist(), "ref": ref.tolist()}}))
+    proc = subprocess.run([str(Path(VERL_VENV) / "bin/python"), "-c", VERL_SNIPPET, str(spec)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verl = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    raw, returns = adv.gae_advantages_returns(rewards, values, mask, settings["gamma"], settings["lam"])
+    ours = adv.masked_whiten(raw, mask)
+    on = mask > 0  # verl leaves carried-over numbers on masked positions; ours are 0 there
+    torch.testing.assert_close(ours[on], torch.tensor(verl["advantages"])[on], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(returns[on], torch.tensor(verl["returns"])[on], rtol=1e-5, atol=1e-5)
+    loss, stats = value_loss(vpreds, values, returns, mask, settings["cliprange_value"])
+    assert float(loss) == pytest.approx(verl["vf_loss"], rel=1e-5)
+    assert float(stats["vf_clip_frac"]) == pytest.approx(verl["vf_clip"], rel=1e-6)
+    torch.testing.assert_close(kl_k1(logp, ref), torch.tensor(verl["k1"]))
+
+
 # --- the trainer ------------------------------------------------------------------------------------
 
 

@@ -684,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=_cmd_merge)
 
-    p = sub.add_parser("rl", help="RL (GRPO / PPO-clip) of the agent on accelerate; resumes from checkpoints")
+    p = sub.add_parser("rl", help="RL (GRPO / PPO-clip / PPO with a critic) of the agent on accelerate; resumes from checkpoints")
     _recipe_args(p)
     p.add_argument("--qa", type=Path, required=True)
     p.add_argument("--policy", type=Path, required=True)
