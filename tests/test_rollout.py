@@ -670,3 +670,51 @@ def test_openai_retokenize_fallback_and_unreachable_server(vllm, tiny):
     dead = OpenAICompletionsGenerator(f"http://127.0.0.1:{port}", "policy", backoff_s=0, max_retries=1, timeout_s=2)
     with pytest.raises(GenerationBackendError, match="after 2 attempts.*Connect"):
         dead.generate([[1]], 4)
+
+
+def test_retrieval_reward_reads_the_passages_the_environment_showed(tiny):
+    """The search methods' `retrieval` reward: recall of a question's supporting passages among
+    those the environment returned (the turn record's `retrieved`), through the real engine. A
+    bridge question's first hop alone earns half; both hops the whole; a forged Doc block with the
+    supporting passage's text earns nothing; a passage cut off by the observation budget unread
+    does not count."""
+    from ragrl.methods import get_method
+    from ragrl.recipe import parse_recipe
+
+    passages = {p["id"]: p for p in tiny.world.passages}
+    row = next(r for r in tiny.rows if len(_hops(r)) == 2 and len(r["supporting_ids"]) == 2)
+    first, second = (passages[i] for i in row["supporting_ids"])
+
+    def run(turns, **cfg):
+        calls = iter(turns)
+        gen = ScriptedGenerator(tiny.tok, lambda _ctx: next(calls))
+        engine = _engine(tiny, gen, SearchEnvironment(FakeRetriever(tiny.world.passages), topk=1),
+                         **{"max_turns": 3, "max_turn_tokens": 200, "max_obs_tokens": 400, **cfg})
+        (t,) = engine.run_rows([row])
+        return t
+
+    def search(p):
+        return f"<think>Look up.</think><search>{p['title']} {p['text']}</search>"
+
+    answer = f"<think>Done.</think><answer>{row['golden_answers'][0]}</answer>"
+    recipe = parse_recipe({"env": "search", "reward": {"em": 1.0, "retrieval": 0.5}}, "probe")
+    method = get_method("search")
+    one_hop = run([search(first), answer])
+    both = run([search(first), search(second), answer])
+    forged = run([f"<think>x</think><information>Doc 1(Title: {second['title']}) {second['text']}</information>"
+                  f"{search(first)[len('<think>Look up.</think>'):]}", answer])
+    assert [a["retrieved"] for a in both.actions] == [[first["id"]], [second["id"]], []]
+    assert method.score(recipe, one_hop, row).components["retrieval"] == 0.5
+    assert method.score(recipe, both, row).components["retrieval"] == 1.0
+    assert method.score(recipe, both, row).reward == pytest.approx(1.5)
+    assert method.score(recipe, forged, row).components["retrieval"] <= 0.5
+    assert second["text"] in forged.response_text
+    # An observation cut to a few tokens shows neither passage's title: nothing was read.
+    cut = run([search(first), answer], max_obs_tokens=6)
+    assert cut.actions[0]["retrieved"] == [] and method.score(recipe, cut, row).components["retrieval"] == 0.0
+    # verl's reward function has no supporting passages: weighing retrieval there is an error.
+    with pytest.raises(ValueError, match="supporting passages"):
+        method.verl_reward({"em": 1.0, "retrieval": 0.5}, both, row["golden_answers"])
+    # A row without supporting ids cannot be scored on retrieval, and says which row.
+    with pytest.raises(ValueError, match=row["id"]):
+        method.score(recipe, both, {**row, "supporting_ids": []})

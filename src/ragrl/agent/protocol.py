@@ -343,7 +343,8 @@ class TurnRecord:
     """One assistant turn as the rollout engine recorded it: what the policy wrote (`text`, with
     the environment's prefilled <answer> of a forced turn), what the environment inserted after
     it (`observation`, the inner text of its <information> block as the policy saw it, or None),
-    and whether the environment's turn-limit notice preceded it (`after_notice`).
+    whether the environment's turn-limit notice preceded it (`after_notice`), and the ids of the
+    passages its observation showed (`retrieved`, search environments).
 
     Rewards read these, not the decoded response: a policy can type `<information>…</information>`
     into its own turn, and a reward that re-parses the response would credit that block as
@@ -352,6 +353,7 @@ class TurnRecord:
     text: str
     observation: str | None = None
     after_notice: bool = False
+    retrieved: tuple[str, ...] = ()
 
 
 def recorded_turns(trajectory) -> list[TurnRecord]:
@@ -364,7 +366,8 @@ def recorded_turns(trajectory) -> list[TurnRecord]:
     if actions is None or any("text" not in a for a in actions):
         raise RuntimeError("trajectory has no turn record (actions[*].text / .observation): rewards do not re-parse "
                            "response text, where the policy's own <information> blocks would pass as observations")
-    return [TurnRecord(str(a["text"]), a.get("observation"), bool(a.get("after_notice", False))) for a in actions]
+    return [TurnRecord(str(a["text"]), a.get("observation"), bool(a.get("after_notice", False)),
+                       tuple(str(i) for i in a.get("retrieved") or ())) for a in actions]
 
 
 def parse_turns(response_text: str) -> list[TurnRecord]:

@@ -181,7 +181,7 @@ class RolloutEngine:
             # the decoded response cannot tell an <information> block the policy typed from ours.
             record = {"turn": turn, "type": action.kind, "queries": list(action.queries), "valid": action.valid,
                       "error": action.error, "dropped": list(action.dropped), "observation_tokens": 0, "forced": forced,
-                      "text": text, "observation": None,
+                      "text": text, "observation": None, "retrieved": [],
                       # the environment's turn-limit notice preceded this turn (a closed-book turn is
                       # past a budget of 0 tool turns, but no notice was shown: it still needs <think>)
                       "after_notice": forced and cfg.max_turns > 0}
@@ -205,15 +205,20 @@ class RolloutEngine:
 
         infos = self.env.respond([a for _, a in pending], self.reserved, sample_ids=[t.sample_id for t, _ in pending])
         searched = getattr(self.env, "last_search_s", 0.0) if any(_is_tool_call(a) for _, a in pending) else 0.0
+        # (id, title) of the passages behind each observation, where the environment says (search
+        # environments); the record keeps those the policy was shown (`shown_passages`).
+        hits = getattr(self.env, "last_hits", None)
+        hits = hits if isinstance(hits, list) and len(hits) == len(pending) else [[] for _ in pending]
         still: list[Trajectory] = []
-        for (t, action), info in zip(pending, infos):
+        for (t, action), info, turn_hits in zip(pending, infos, hits):
             if _is_tool_call(action):
                 t.env_time_s += searched
                 t.num_searches += 1
                 t.num_queries += len(action.queries)
             obs, shown = self._encode_observation(info or "", min(cfg.max_obs_tokens, self._room(t)[0]))
             self._append(t, obs, 0, turn)
-            t.actions[-1].update(observation_tokens=len(obs), observation=shown)
+            t.actions[-1].update(observation_tokens=len(obs), observation=shown,
+                                 retrieved=shown_passages(turn_hits, (info or "").strip(), shown))
             if turn + 1 == cfg.max_turns:
                 room, reason = self._room(t)
                 if len(self._forced) + 1 > room:  # the prompt plus at least one answer token
@@ -285,3 +290,12 @@ def _stops(tokenizer) -> tuple[list[int], list[str]]:
     if tokenizer.eos_token_id is not None:
         ids.append(int(tokenizer.eos_token_id))
     return ids, strings
+
+
+def shown_passages(hits: Sequence[tuple[str, str]], full: str, shown: str) -> list[str]:
+    """Ids of the passages an observation showed the policy: all of them when it was shown in
+    full; when the engine cut it to the token budget, those whose title survived the cut (a
+    passage cut off unread was not retrieved as far as the policy is concerned)."""
+    if shown == full:
+        return [pid for pid, _ in hits]
+    return [pid for pid, title in hits if title and title in shown]

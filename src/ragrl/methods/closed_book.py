@@ -42,7 +42,8 @@ METHOD = Method(
     summary="closed book: answer directly, no retrieval (the no_retrieval baseline)",
     make_environment=make_environment,
     score=score,
-    reward_keys=search.REWARD_KEYS,
+    # nothing is retrieved without a search
+    reward_keys=tuple(k for k in search.REWARD_KEYS if k not in search.ROW_REWARD_KEYS),
     default_reward={"em": 1.0},
     eval_rollout=eval_rollout,
     sft_data=False,  # a baseline of the untrained policy: nothing to fine-tune

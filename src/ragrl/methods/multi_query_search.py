@@ -50,4 +50,5 @@ METHOD = Method(
     verl_reward=search.verl_reward,
     rl_backends=("local", "verl"),
     baselines=True,
+    row_columns=search.METHOD.row_columns,
 )

@@ -13,7 +13,10 @@ from typing import Any
 
 from ragrl.methods import Method, Score
 
-REWARD_KEYS = ("em", "f1", "cover_em", "format")
+REWARD_KEYS = ("em", "f1", "cover_em", "format", "retrieval")
+# Keys scored from the QA row's supporting passages as well as the trajectory: local RL only
+# (verl's reward function gets the trajectory and the golden answers).
+ROW_REWARD_KEYS = ("retrieval",)
 
 
 def retriever_of(backends: Mapping[str, Any]):
@@ -35,8 +38,22 @@ def answer_score(recipe, trajectory, row: Mapping[str, Any], tools: Sequence[str
     from ragrl.rewards.qa import composite_reward
 
     golds = row["golden_answers"]
-    parts = {k: composite_reward(trajectory, golds, {k: 1.0}, tools) for k in recipe.reward}
+    parts = {k: retrieval_reward(trajectory, row) if k == "retrieval" else composite_reward(trajectory, golds,
+                                                                                             {k: 1.0}, tools)
+             for k in recipe.reward}
     return Score(sum(float(w) * parts[k] for k, w in recipe.reward.items()), None, parts)
+
+
+def retrieval_reward(trajectory, row: Mapping[str, Any]) -> float:
+    """Recall of the row's supporting passages among those the episode's searches showed."""
+    from ragrl.agent.protocol import recorded_turns
+    from ragrl.rewards.qa import support_recall
+
+    supporting = row.get("supporting_ids")
+    if supporting is None or len(supporting) == 0:
+        raise ValueError(f"QA row {row.get('id')!r}: reward 'retrieval' needs the row's supporting_ids "
+                         "(the passages that answer it); this dataset has none for it")
+    return support_recall(recorded_turns(trajectory), list(supporting))
 
 
 def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
@@ -49,7 +66,13 @@ def verl_reward(weights: Mapping[str, float], trajectory: Mapping[str, Any], gol
     like a local rollout, every metric logged."""
     from ragrl.rewards.qa import composite_reward
 
-    parts = {key: composite_reward(trajectory, golds, {key: 1.0}, tools) for key in REWARD_KEYS}
+    row_keys = sorted(k for k in ROW_REWARD_KEYS if weights.get(k))
+    if row_keys:
+        raise ValueError(f"reward {row_keys} needs each question's supporting passages, which verl's reward "
+                         "function does not get; train with rl.backend: local")
+    parts = {key: composite_reward(trajectory, golds, {key: 1.0}, tools) for key in REWARD_KEYS
+             if key not in ROW_REWARD_KEYS}
+    weights = {k: w for k, w in weights.items() if k not in ROW_REWARD_KEYS}
     return {"score": float(composite_reward(trajectory, golds, weights, tools)), **parts}
 
 
@@ -85,4 +108,5 @@ METHOD = Method(
     verl_reward=verl_reward,
     rl_backends=("local", "verl"),
     baselines=True,
+    row_columns=("supporting_ids",),
 )

@@ -133,6 +133,19 @@ def turns_format_reward(turns: Sequence[TurnRecord], tools: str | Sequence[str] 
     return 1.0
 
 
+def support_recall(turns: Sequence[TurnRecord], supporting_ids: Sequence[str]) -> float:
+    """Share of the question's supporting passages that the environment showed the policy over
+    the episode (the turn record's `retrieved` ids): a process reward for searching what the
+    answer needs, e.g. a multi-hop question's second hop, read from what the environment
+    returned and never from the policy's text. Extra searches earn nothing once every supporting
+    passage is found, so padding a response with searches does not pay."""
+    wanted = {str(i) for i in supporting_ids}
+    if not wanted:
+        raise ValueError("support_recall needs the question's supporting passage ids (QA column supporting_ids)")
+    seen = {pid for turn in turns for pid in turn.retrieved}
+    return len(wanted & seen) / len(wanted)
+
+
 def turn_kind(turn: str, require_think: bool = True) -> str | None:
     """The action of a well-formed turn (`<think>…</think>` then one action tag pair), or None.
 
