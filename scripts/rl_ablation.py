@@ -1,0 +1,190 @@
+"""RL ablations against the SFT start, judged paired (issue #35): what holds an agent's RL back.
+
+    .venv/bin/python scripts/rl_ablation.py --results RUN/results --method search_r1 \
+        --name t06_ret05 --set rollout.temperature=0.6 --set reward.retrieval=0.5 [--set rl.steps=16 ...]
+
+    .venv/bin/python scripts/rl_ablation.py --results RUN/results --method search_r1 --diagnose \
+        --set rollout.temperature=0.6 [--questions 48 --group 8]
+
+RUN is a finished default run (a `make run` work tree): its SFT model
+(`results/models/<method>/sft_merged`), flat index, QA splits and the SFT run's test predictions
+are what every variant starts from and is compared with. The recipe is the default config's
+(config/config.yaml), with each `--set key.path=JSON` applied on top, so a variant differs from
+the default by exactly what it names.
+
+Without --diagnose: RL from the SFT model (`ragrl rl`), merge, evaluation on world_test (greedy,
+as the DAG's), then the paired difference against the SFT run over the same 100 questions
+(`ragrl.results.paired.paired_bootstrap`), overall and per question type, searches per question,
+and the training reward's first and last quarter; written to OUT/<name>/summary.json and printed.
+
+With --diagnose: G sampled rollouts per training question with the SFT model at the recipe's
+temperature, and per question type the success rate (EM), the share of rollouts by number of
+searches with each one's success rate, and how many groups hold any success or tie. This is what
+GRPO will see: e.g. at temperature 1.0 only 2 of 18 bridge groups held a success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def recipe_with(method: str, sets: list[str]) -> dict:
+    recipe = dict(yaml.safe_load((REPO / "config/config.yaml").read_text())["recipes"][method])
+    recipe = json.loads(json.dumps(recipe))
+    for item in sets:
+        key, _, value = item.partition("=")
+        if not _:
+            raise SystemExit(f"--set {item!r}: expected key.path=JSON")
+        node = recipe
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = json.loads(value)
+    return recipe
+
+
+def run(cmd: list[str], log: Path, cwd: Path) -> None:
+    with open(log, "w") as fh:
+        proc = subprocess.run(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd[:4])} failed (rc {proc.returncode}); see {log}")
+
+
+def paired_summary(sft: Path, rl: Path, train_log: Path) -> dict:
+    import polars as pl
+
+    from ragrl.results.paired import paired_bootstrap
+
+    a, b = pl.read_parquet(sft).sort("id"), pl.read_parquet(rl).sort("id")
+    if a["id"].to_list() != b["id"].to_list():
+        raise SystemExit(f"{sft} and {rl} hold different questions: not a paired comparison")
+    out = {}
+    for label in ["all", *sorted(set(a["question_type"].to_list()))]:
+        mask = pl.lit(True) if label == "all" else pl.col("question_type") == label
+        x, y = a.filter(mask), b.filter(mask)
+        diff, low, high = paired_bootstrap(y["em"].to_list(), x["em"].to_list())
+        out[label] = {"n": len(x), "sft_em": x["em"].mean(), "rl_em": y["em"].mean(),
+                      "diff": {"diff": diff, "low": low, "high": high},
+                      "sft_searches": x["searches"].mean(), "rl_searches": y["searches"].mean()}
+    steps = [json.loads(line) for line in train_log.read_text().splitlines() if line.strip()]
+    rewards = [s["reward_mean"] for s in steps]
+    q = max(1, len(rewards) // 4)
+    out["train"] = {"steps": len(steps), "reward_first_quarter": sum(rewards[:q]) / q,
+                    "reward_last_quarter": sum(rewards[-q:]) / q,
+                    "final_kl": steps[-1].get("kl"), "step_time_s": sum(s["step_time_s"] for s in steps) / len(steps)}
+    return out
+
+
+def ablate(args, recipe: dict, results: Path, out: Path) -> None:
+    work_tree = results.parent
+    py = sys.executable
+    method = args.method
+    sft = results / f"models/{method}/sft_merged"
+    out.mkdir(parents=True, exist_ok=True)
+    index = ["--index", str(results / "index/world/flat"), "--mode", "dense"]
+    run([py, "-m", "ragrl", "rl", "--recipe", json.dumps(recipe), "--recipe-name", method, *index,
+         "--qa", str(results / "world/qa/train.parquet"), "--policy", str(sft), "--limit", "0",
+         "--out", str(out / "work"), "--log-out", str(out / "train_log.jsonl")], out / "rl.log", work_tree)
+    run([py, "-m", "ragrl", "merge", "--base", str(sft), "--adapter", str(out / "work/final"),
+         "--out", str(out / "merged")], out / "merge.log", work_tree)
+    eval_recipe = {k: v for k, v in recipe.items() if k not in ("rl", "reward", "sft", "train_dataset", "eval_datasets")}
+    run([py, "-m", "ragrl", "eval", "--recipe", json.dumps(eval_recipe), "--recipe-name", method, *index,
+         "--dataset", "world_test", "--qa", str(results / "world/qa/test.parquet"), "--model", str(out / "merged"),
+         "--run-id", args.name, "--max-questions", "100", "--batch-size", "100", "--out", str(out / "eval")],
+        out / "eval.log", work_tree)
+    summary = {"name": args.name, "method": method, "sets": args.set,
+               **paired_summary(results / f"eval/{method}_sft/world_test/predictions.parquet",
+                                out / "eval/world_test/predictions.parquet", out / "train_log.jsonl")}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    for label, row in summary.items():
+        if isinstance(row, dict) and "diff" in row:
+            d = row["diff"]
+            print(f"{label:11s} n={row['n']:3d} EM {row['sft_em']:.3f} -> {row['rl_em']:.3f} "
+                  f"diff {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
+                  f"searches {row['sft_searches']:.2f} -> {row['rl_searches']:.2f}")
+    t = summary["train"]
+    print(f"train reward {t['reward_first_quarter']:.3f} -> {t['reward_last_quarter']:.3f} over {t['steps']} steps, "
+          f"final kl {t['final_kl']}, {t['step_time_s']:.1f} s/step")
+
+
+def diagnose(args, recipe: dict, results: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragrl.io import read_columns
+    from ragrl.recipe import parse_recipe
+    from ragrl.stages.agent import environment, load_backends
+    from ragrl.stages.agent_rl import make_rollout_fn
+
+    parsed = parse_recipe(json.dumps(recipe), args.method)
+    model_dir = results / f"models/{args.method}/sft_merged"
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    env = environment(parsed, load_backends(index=results / "index/world/flat", mode="dense"))
+    rows = read_columns(results / "world/qa/train.parquet", ["id", "question", "golden_answers"],
+                        optional=("metadata", "supporting_ids")).to_pylist()[: args.questions]
+    rollout = make_rollout_fn(parsed, tok, env)
+    per_type: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for start in range(0, len(rows), 8):
+        batch = rows[start : start + 8]
+        with torch.no_grad():
+            samples = rollout(batch, args.group, model, 1)
+        groups = collections.defaultdict(list)
+        for s in samples:
+            kind = json.loads(batch[s.group]["metadata"])["type"]
+            em, n = s.stats.get("reward_em", 0.0), s.stats["searches"]
+            c = per_type[kind]
+            c["n"] += 1
+            c["em"] += em
+            c[f"searches={n}"] += 1
+            c[f"em|searches={n}"] += em
+            groups[s.group].append((s.reward, em))
+        for g, members in groups.items():
+            c = per_type[json.loads(batch[g]["metadata"])["type"]]
+            c["groups"] += 1
+            c["groups_with_success"] += any(em > 0 for _, em in members)
+            c["tied_groups"] += len({r for r, _ in members}) == 1
+        print(f"[diagnose] {min(start + 8, len(rows))}/{len(rows)} questions", file=sys.stderr, flush=True)
+    for kind, c in sorted(per_type.items()):
+        row = {"type": kind, "rollouts": c["n"], "em": round(c["em"] / c["n"], 3)}
+        for k in range(6):
+            if c[f"searches={k}"]:
+                row[f"searches={k}"] = (f"{c[f'searches={k}'] / c['n']:.2f} "
+                                        f"(em {c[f'em|searches={k}'] / c[f'searches={k}']:.2f})")
+        row.update(groups=c["groups"], groups_with_success=c["groups_with_success"], tied_groups=c["tied_groups"])
+        print(json.dumps(row))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", type=Path, required=True, help="a finished run's results/ directory")
+    p.add_argument("--method", default="search_r1", help="the default config's recipe (search_r1, rag_r1)")
+    p.add_argument("--name", default="variant")
+    p.add_argument("--set", action="append", default=[], help="key.path=JSON on top of the default recipe")
+    p.add_argument("--out", type=Path, default=Path("rl_ablation"))
+    p.add_argument("--diagnose", action="store_true", help="sampled rollouts of the SFT model by question type")
+    p.add_argument("--questions", type=int, default=48)
+    p.add_argument("--group", type=int, default=8)
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    recipe = recipe_with(args.method, args.set)
+    results = args.results.resolve()
+    if args.diagnose:
+        diagnose(args, recipe, results)
+    else:
+        ablate(args, recipe, results, (args.out / args.name).resolve())
+
+
+if __name__ == "__main__":
+    main()
