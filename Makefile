@@ -63,7 +63,8 @@ run: $(STAMP)
 	snakemake --profile profiles/local --cores $(CORES) $(RUN_ARGS)
 	@echo
 	@echo "world:        $(CURDIR)/results/world   (passages, qa/, kg/, kgqa/, kb/, factual/)"
-	@echo "tiny policy:  $(CURDIR)/results/models/tiny"
+	@echo "base policy:  $(CURDIR)/results/models/pretrained   (each recipe: results/models/<recipe>/)"
+	@echo "results:      $(CURDIR)/results/ragrl.duckdb   tables: results/tables   plots: results/plots"
 	@echo "logs:         $(CURDIR)/logs   timings: $(CURDIR)/benchmarks"
 
 # The three venvs build side by side (pip is mostly waiting on unpacking and the disk); only .venv
