@@ -9,6 +9,7 @@ clear rise of the success rate within a few dozen steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -34,6 +35,18 @@ SPEC = TinyModelSpec(
     max_position_embeddings=256,
     seed=0,
 )
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """One intra-op thread while a test module runs: on 2 shared cores a second thread per process
+    only adds contention, and the subprocesses such tests compare against run with one thread too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def corpus(n: int = 200, seed: int = 0) -> list[str]:

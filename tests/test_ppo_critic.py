@@ -31,10 +31,8 @@ TOY_SCRIPT = REPO / "tests" / "rl_toy.py"
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # 2 shared cores; the subprocesses compared against run with one thread too
-    yield
-    torch.set_num_threads(before)
+    with rl_toy.one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,8 @@ CLIP = 0.05
 
 @pytest.fixture(scope="module")
 def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with rl_toy.one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

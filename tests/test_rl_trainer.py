@@ -34,12 +34,8 @@ LOG_FIELDS = {
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    # 2 shared cores: a second intra-op thread per process only adds contention (and the
-    # subprocesses, which the resume test compares against, run with one thread too).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with rl_toy.one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
