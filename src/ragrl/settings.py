@@ -123,7 +123,11 @@ class RLConfig:
     turn_advantage_weight: float = 0.0  # w in A = w * A_turn + A_global
     temperature: float = 1.0  # must equal the rollout's sampling temperature: log-probs are of softmax(logits / T)
     mixed_precision: str = "no"  # "no" | "bf16" (fills DeepSpeed's "auto" bf16 switch)
-    log_entropy: bool = True  # costs one [B, T, V] softmax per micro-batch in the no-grad pass
+    log_entropy: bool = True  # costs a softmax over the vocabulary at every response position in the no-grad pass
+    # Response positions whose logits exist at once: the LM head, log-softmax and gather run on
+    # this many positions at a time, checkpointed in the update (docs/RL.md, "Memory"); 0 = the
+    # micro-batch's [rows, length, vocabulary] logits at once.
+    logprob_chunk_tokens: int = 1024
     # DAPO's / HARR's filter: groups whose scalar rewards all tie (zero advantage) are left out of
     # the update (their tokens get no loss and do not count in its normaliser); a step where every
     # group ties makes no update. Their share is logged either way (`tied_group_share`).
@@ -172,6 +176,8 @@ class RLConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
+        if self.logprob_chunk_tokens < 0:
+            problems.append("logprob_chunk_tokens must be >= 0 (0 = no chunking)")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             problems.append("micro_batch_size must be >= 1 or None")
         if self.temperature <= 0:

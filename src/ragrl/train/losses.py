@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.utils.checkpoint
 
 LossAgg = Literal["token-mean", "grpo", "dr_grpo"]
 from ragrl.settings import LOSS_AGG_MODES
@@ -31,6 +32,57 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
         logits = logits / temperature
     picked = torch.gather(logits, -1, labels.long().unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    head,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = 0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs(head(hidden), labels, temperature)` (and `entropy_from_logits`) without the
+    [B, T, V] logits: the head runs on `chunk_tokens` of the B x T positions at a time.
+
+    hidden [B, T, H] are the states the LM head reads; head maps [N, H] to logits [N, V]; labels
+    [B, T]. chunk_tokens <= 0 is one chunk. Positions are chunked over rows and columns together,
+    so a chunk's size, and the memory of its logits, does not depend on how the micro-batch is
+    shaped. With gradients on, each chunk runs under non-reentrant activation checkpointing: its
+    logits are dropped after the forward and recomputed in the backward, so only one chunk's
+    logits live at a time in either pass (the cost: the head's matmul once more per backward).
+    Entropy is a logged statistic, so it is only computed without gradients.
+    """
+    if with_entropy and torch.is_grad_enabled():
+        raise ValueError("entropy is computed in the no-grad scoring pass only")
+    rows, width = labels.shape
+    flat_hidden = hidden.reshape(rows * width, hidden.shape[-1])
+    flat_labels = labels.reshape(rows * width)
+    total = flat_labels.shape[0]
+    step = chunk_tokens if chunk_tokens > 0 else max(total, 1)
+
+    def chunk_logp(h: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
+        return token_logprobs(head(h), lab, temperature)
+
+    logps, ents = [], []
+    for start in range(0, total, step):
+        h, lab = flat_hidden[start : start + step], flat_labels[start : start + step]
+        if torch.is_grad_enabled():
+            # preserve_rng_state off: an LM head draws no random numbers, and saving the CUDA RNG
+            # state costs a device sync per chunk.
+            logps.append(torch.utils.checkpoint.checkpoint(chunk_logp, h, lab, use_reentrant=False,
+                                                           preserve_rng_state=False))
+        else:
+            logits = head(h)
+            logps.append(token_logprobs(logits, lab, temperature))
+            if with_entropy:
+                ents.append(entropy_from_logits(logits, temperature))
+            del logits
+    if not logps:  # no positions at all (B or T is 0)
+        empty = hidden.new_zeros((rows, width), dtype=torch.float32)
+        return empty, (empty.clone() if with_entropy else None)
+    logp = torch.cat(logps).reshape(rows, width)
+    return logp, (torch.cat(ents).reshape(rows, width) if with_entropy else None)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -42,6 +42,7 @@ from ragrl.train import advantages as adv_lib
 from ragrl.train import checkpoint as ckpt
 from ragrl.train.losses import (
     LOSS_AGG_MODES,
+    chunked_token_logprobs,
     default_denominator,
     entropy_from_logits,
     kl_per_token,
@@ -284,22 +285,103 @@ def response_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return out.logits[:, :-1]
 
 
+def chunkable_head(model) -> torch.nn.Linear | None:
+    """The LM head `response_logprobs` may apply itself, or None where it must not.
+
+    DDP and DeepSpeed engines hold the HF model as `.module`; the head is the same module object
+    inside the wrapper, so the body still runs through the wrapper's forward (DDP's gradient
+    hooks, DeepSpeed's engine) and only the head is called outside it. Not under ZeRO-3, where
+    the head's weight is a partition gathered by the engine's hooks around its own forward.
+    """
+    stage = getattr(model, "zero_optimization_stage", None)
+    if callable(stage) and stage() >= 3:
+        return None
+    inner = getattr(model, "module", model)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    return head if isinstance(head, torch.nn.Linear) else None
+
+
+def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module) -> torch.Tensor:
+    """The hidden states the LM head reads at the positions that predict each response token, [B, R, H].
+
+    The full model runs (through its wrapper, if any) with a pre-hook on `head` that keeps the
+    head's input and hands the head only the last position, so no [B, R, V] logits are made.
+    That one position's logits are checked against `head` applied to the kept input: a model that
+    transforms logits after its head (soft-capping, a logit scale) cannot be chunked this way.
+    """
+    r_len = batch["response_ids"].shape[1]
+    kept = []
+
+    def keep_input(module, args):
+        kept.append(args[0])
+        return (args[0][:, -1:], *args[1:])
+
+    handle = head.register_forward_pre_hook(keep_input)
+    try:
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+            logits_to_keep=r_len + 1,
+        )
+    finally:
+        handle.remove()
+    if len(kept) != 1 or kept[0].shape[1] != r_len + 1:
+        raise RuntimeError("the model did not call its output embeddings once on the kept positions; "
+                           "set rl.logprob_chunk_tokens: 0")
+    hidden = kept[0]
+    with torch.no_grad():
+        mine = head(hidden[:, -1:]).float()
+        theirs = out.logits[:, -1:].float()
+        if mine.shape != theirs.shape or not torch.allclose(mine, theirs, rtol=1e-3, atol=1e-3):
+            raise RuntimeError("the model's logits are not its output embeddings applied to its last hidden "
+                               "state (soft-capping or scaling?); set rl.logprob_chunk_tokens: 0")
+    return hidden[:, :-1]
+
+
+def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float, chunk_tokens: int,
+                      with_entropy: bool, autocast) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, R] (and, without gradients, entropies) of the response tokens.
+
+    chunk_tokens > 0 (rl.logprob_chunk_tokens): the model body runs once and the LM head,
+    log-softmax and gather `chunk_tokens` positions at a time (`chunked_token_logprobs`), so peak
+    memory does not grow with vocabulary x rows x length; 0, or a model whose head cannot be
+    applied separately (`chunkable_head`), materialises the micro-batch's logits at once.
+    """
+    head = chunkable_head(model) if chunk_tokens > 0 else None
+    if head is None:
+        with autocast():
+            logits = response_logits(model, batch)
+        logp = token_logprobs(logits, batch["response_ids"], temperature)
+        entropy = entropy_from_logits(logits, temperature) if with_entropy else None
+        return logp, entropy
+    with autocast():
+        hidden = response_hidden(model, batch, head)
+
+    def apply_head(h: torch.Tensor) -> torch.Tensor:
+        # The head's matmul in the autocast dtype, as it ran inside the model's forward before;
+        # checkpointing restores this state for the recomputation too.
+        with autocast():
+            return head(h)
+
+    return chunked_token_logprobs(hidden, apply_head, batch["response_ids"], temperature, chunk_tokens, with_entropy)
+
+
 def _to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in batch.items()}
 
 
 @torch.no_grad()
-def score(model, batch, micro_rows, temperature, device, with_entropy: bool, autocast):
+def score(model, batch, micro_rows, temperature, device, with_entropy: bool, autocast, chunk_tokens: int = 0):
     """No-grad log-probs (and entropies) of the response tokens, micro-batch by micro-batch."""
     logps, ents = [], []
     for rows in micro_rows:
         micro = _to(select(batch, rows), device)
-        with autocast():
-            logits = response_logits(model, micro)
-        logps.append(token_logprobs(logits, micro["response_ids"], temperature).cpu())
+        logp, entropy = response_logprobs(model, micro, temperature, chunk_tokens, with_entropy, autocast)
+        logps.append(logp.cpu())
         if with_entropy:
-            ents.append(entropy_from_logits(logits, temperature).cpu())
-        del logits
+            ents.append(entropy.cpu())
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 
@@ -567,10 +649,12 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     batch = collate(samples, pad_id)
     n = len(samples)
     score_rows = torch.arange(n).split(micro_size)
-    old_logp, entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy, accelerator.autocast)
+    old_logp, entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy, accelerator.autocast,
+                              cfg.logprob_chunk_tokens)
     ref_logp = None
     if ref is not None:
-        ref_logp, _ = score(ref, batch, score_rows, cfg.temperature, device, False, accelerator.autocast)
+        ref_logp, _ = score(ref, batch, score_rows, cfg.temperature, device, False, accelerator.autocast,
+                            cfg.logprob_chunk_tokens)
     # The KL estimator used (in the reward or the loss) is also the one logged.
     kl = kl_per_token(old_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None else None
 
@@ -700,10 +784,8 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
                 rows = mini_rows[micro_pos]
                 micro = _to(select(batch, rows), device)
                 with accelerator.accumulate(model):
-                    with accelerator.autocast():
-                        logits = response_logits(model, micro)
-                    logp = token_logprobs(logits, micro["response_ids"], cfg.temperature)
-                    del logits
+                    logp, _ = response_logprobs(model, micro, cfg.temperature, cfg.logprob_chunk_tokens, False,
+                                                accelerator.autocast)
                     loss, stats = policy_loss(
                         logp,
                         old_logp[rows].to(device),
