@@ -249,7 +249,8 @@ def _ragrl_run(args, prompts: list[dict], work: Path, overrides: dict) -> tuple[
         keep_checkpoints=1, seed=0), **overrides})
     train_rl(args.model, None, prompts, rollout, cfg, work)
     log = [json.loads(line) for line in (work / LOG_NAME).read_text().splitlines()]
-    keys = ("mixed_precision", "kl_coef", "loss_agg", "micro_batch_size", "log_entropy", *overrides)
+    keys = ("mixed_precision", "kl_coef", "loss_agg", "micro_batch_size", "log_entropy", "logprob_chunk_tokens",
+            *overrides)
     info["config"] = {k: v for k, v in asdict(cfg).items() if k in keys}
     return [_step(k + 1, rec["step_time_s"], g, rec.get("reward_mean")) for k, (g, rec) in enumerate(zip(gen, log))], info
 
