@@ -26,6 +26,8 @@ cannot honour are refused with the reason instead of being dropped silently:
     temperature              actor_rollout_ref.rollout.temperature (= recipes.X.rollout.temperature)
     turn_advantage_weight    must be 0: verl's GRPO has one advantage per sequence -> refused
     mixed_precision          not mapped: verl's FSDP runs bf16 compute by default
+    logprob_chunk_tokens     not mapped: a memory setting of the local trainer's log-prob passes;
+                             verl sizes its own
 
 `recipes.X.rl.verl` (a mapping `verl.key: value`) is appended last and replaces a generated key
 of the same name: the escape hatch for GPU-specific knobs (tensor parallel size, memory
