@@ -26,7 +26,13 @@ TOP_KEYS = ("env", "plugin", "retriever", "train_dataset", "eval_datasets", "top
             "rollout", "sft", "rl", "reward", "turn_reward", "options")
 # Keys of `sft` and `rl` that choose a route rather than a trainer setting.
 SFT_EXTRA_KEYS = ("enabled", "limit", "source", "teacher", "import", "from")
-RL_EXTRA_KEYS = ("limit", "backend", "verl")
+RL_EXTRA_KEYS = ("limit", "backend", "verl", "rollout_engine", "rollout_serve")
+# What generates the local trainer's rollouts (docs/RL.md, "Rollout engine"): hf: `generate` in the
+# trainer's process; vllm: a vLLM server beside the trainer, weights synced after every update
+# (an error when no vLLM is found); auto: vllm when one is found, else hf with a one-line notice.
+ROLLOUT_ENGINES = ("hf", "vllm", "auto")
+# `rl.rollout_serve`: how that server is started (ragrl.agent.vllm_sync).
+ROLLOUT_SERVE_KEYS = {"python": str, "args": list, "startup_timeout_s": int, "env": dict}
 TEACHER_KEYS = {"base_url": str, "model": str, "api_key_env": str, "n": int, "max_per_question": int,
                 "batch_size": int, "serve": dict}
 # `serve` of a model the job starts itself (ragrl.serving): true, or these settings.
@@ -227,6 +233,20 @@ def _check_rl_route(recipe: Recipe) -> None:
     verl = recipe.rl.get("verl", {})
     if not isinstance(verl, dict):
         raise ValueError(f"config key 'recipes.{recipe.name}.rl.verl': expected a mapping of verl overrides")
+    key = f"recipes.{recipe.name}.rl"
+    engine = recipe.rl.get("rollout_engine", "hf")
+    if engine not in ROLLOUT_ENGINES:
+        raise ValueError(f"config key '{key}.rollout_engine': {engine!r} is not one of {list(ROLLOUT_ENGINES)}")
+    if backend != "local" and (engine != "hf" or "rollout_serve" in recipe.rl):
+        raise ValueError(f"config key '{key}.rollout_engine': the {backend!r} backend generates its own rollouts; "
+                         "rollout_engine and rollout_serve are settings of the local trainer")
+    serve = _typed(recipe.rl.get("rollout_serve"), ROLLOUT_SERVE_KEYS, f"{key}.rollout_serve")
+    if not all(isinstance(a, str) for a in serve.get("args", [])):
+        raise ValueError(f"config key '{key}.rollout_serve.args': vLLM server arguments must be strings, "
+                         f"got {serve['args']!r}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in serve.get("env", {}).items()):
+        raise ValueError(f"config key '{key}.rollout_serve.env': environment variables must map strings to "
+                         f"strings, got {serve['env']!r}")
 
 
 def _typed(raw, spec: dict[str, type], key: str) -> dict:

@@ -5,34 +5,49 @@ only in their environment and their `score` hook (ragrl.methods)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ragrl.io import atomic_path, read_columns
 from ragrl.recipe import Recipe, rl_config
 
 
-def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], group_size: int, model, step: int):
-    """`group_size` trajectories per prompt with the current policy (prompt-major order), on the
-    method's episode engine."""
+# (current policy, step) -> the Generator that samples that step's rollouts.
+GeneratorFor = Callable[[object, int], object]
+
+
+def hf_generators(tokenizer) -> GeneratorFor:
+    """Rollouts by `generate` on the trainer's own model, in its process."""
     from ragrl.agent.generation import HFGenerator
 
-    generator = HFGenerator(model, tokenizer.pad_token_id, tokenizer)
+    return lambda model, step: HFGenerator(model, tokenizer.pad_token_id, tokenizer)
+
+
+def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], group_size: int, model, step: int,
+                   generators: GeneratorFor | None = None):
+    """`group_size` trajectories per prompt with the current policy (prompt-major order), on the
+    method's episode engine, sampled by `generators(model, step)` (default: HF in process)."""
+    generator = (generators or hf_generators(tokenizer))(model, step)
     engine = recipe.method.make_engine(generator, tokenizer, env, dataclasses.replace(recipe.rollout, n=group_size))
     # A distinct, reproducible seed per step: the same step re-run after a resume samples the same.
     return engine.run_rows(batch_prompts, n=group_size, seed=recipe.seed * 100_003 + step)
 
 
-def make_rollout_fn(recipe: Recipe, tokenizer, env):
+def make_rollout_fn(recipe: Recipe, tokenizer, env, generators: GeneratorFor | None = None):
     """The RL trainer's plug-in: a group of rollouts per prompt with the current policy, each
-    scored by the recipe's method (global reward, optional per-turn rewards, logged components)."""
+    scored by the recipe's method (global reward, optional per-turn rewards, logged components).
+    `generators`: what samples them (rollout_generators; default HF in process)."""
     from ragrl.train.rl import Sample
 
     score = recipe.method.score
 
     def rollout_fn(batch_prompts: list[dict], group_size: int, model, step: int) -> list[Sample]:
         samples = []
-        for traj in group_rollouts(recipe, tokenizer, env, batch_prompts, group_size, model, step):
+        for traj in group_rollouts(recipe, tokenizer, env, batch_prompts, group_size, model, step, generators):
             s = score(recipe, traj, batch_prompts[traj.prompt_index])
             samples.append(Sample(
                 prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
@@ -44,6 +59,49 @@ def make_rollout_fn(recipe: Recipe, tokenizer, env):
         return samples
 
     return rollout_fn
+
+
+def rollout_engine(recipe: Recipe) -> tuple[str, str | None]:
+    """("hf", None) or ("vllm", interpreter with vLLM) for the recipe's rl.rollout_engine; an
+    explicit vllm without vLLM is an error, auto without it falls back to hf with a notice."""
+    engine = recipe.rl.get("rollout_engine", "hf")
+    if engine == "hf":
+        return "hf", None
+    from ragrl.agent.vllm_sync import RolloutEngineUnavailable, find_vllm_python
+
+    key = f"recipes.{recipe.name}.rl.rollout_engine"
+    python, why = find_vllm_python(recipe.rl.get("rollout_serve") or {})
+    if python is None:
+        if engine == "vllm":
+            raise RolloutEngineUnavailable(
+                f"config key '{key}': vllm, but no vLLM was found ({why}); set rl.rollout_serve.python or "
+                "$RAGRL_VLLM_PYTHON to an interpreter with vLLM (scripts/vllm_venv.sh), or use auto or hf")
+        print(f"[rl] {key} auto: no vLLM ({why}); rollouts use HF generate in the trainer's process",
+              file=sys.stderr, flush=True)
+        return "hf", None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # One server per trainer process would need each process's share of the GPUs and its own
+        # sync; not built (docs/RL.md).
+        raise ValueError(f"config key '{key}': {engine} rollouts run with one trainer process, not "
+                         f"{os.environ['WORLD_SIZE']} (WORLD_SIZE); use hf under a multi-process launch")
+    return "vllm", python
+
+
+@contextmanager
+def rollout_generators(recipe: Recipe, tokenizer, policy: Path, work_dir: Path,
+                       engine: tuple[str, str | None] = ("hf", None)) -> Iterator[GeneratorFor]:
+    """What samples the training's rollouts (`engine` from rollout_engine), for the duration of the
+    block: HF in process, or a vLLM server started here and stopped on exit, whose weights follow
+    the trainer's (ragrl.agent.vllm_sync)."""
+    kind, python = engine
+    if kind == "hf":
+        yield hf_generators(tokenizer)
+        return
+    from ragrl.agent.vllm_sync import vllm_policy_server
+
+    with vllm_policy_server(policy, Path(work_dir) / "rollout_server", recipe.rl.get("rollout_serve") or {},
+                            python) as server:
+        yield server.generator_for
 
 
 def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, limit: int | None = None,
@@ -59,13 +117,15 @@ def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, l
     # Everything that can be wrong with the settings or the data fails here, before the work dir
     # (a previous training's checkpoints) is touched.
     cfg = rl_config(recipe)
+    engine = rollout_engine(recipe)
     table = read_columns(qa, ["id", "question", "golden_answers"],
                          optional=("metadata", *recipe.method.row_columns)).to_pylist()
     prompts = table[:limit] if limit else table
     prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "limit": limit, **(fingerprint or {})},
                      {"policy": policy, "qa": qa, **(inputs or {})})
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    final = train_rl(policy, None, prompts, make_rollout_fn(recipe, tokenizer, env), cfg, out_dir)
+    with rollout_generators(recipe, tokenizer, policy, out_dir, engine) as generators:
+        final = train_rl(policy, None, prompts, make_rollout_fn(recipe, tokenizer, env, generators), cfg, out_dir)
     if log_out is not None:
         # The running log lives next to the checkpoints (it must survive a kill); the declared
         # output is a copy made once training is complete.
