@@ -86,7 +86,7 @@ def test_auto_without_vllm_falls_back_to_hf_with_a_notice(monkeypatch, capsys):
     assert len(notice) == 1 and "recipes.r.rl.rollout_engine auto: no vLLM" in notice[0] and "HF generate" in notice[0]
 
 
-def test_vllm_found_by_setting_or_environment(monkeypatch, tmp_path):
+def test_vllm_found_by_setting_or_environment(monkeypatch, tmp_path, capsys):
     python = tmp_path / "python"
     python.write_text("")
     monkeypatch.delenv(PYTHON_ENV, raising=False)
@@ -95,10 +95,14 @@ def test_vllm_found_by_setting_or_environment(monkeypatch, tmp_path):
     assert rollout_engine(recipe) == ("vllm", str(python))
     monkeypatch.setenv(PYTHON_ENV, str(python))
     assert rollout_engine(parse_recipe({"env": "search", "rl": {"rollout_engine": "auto"}}, "r")) == ("vllm", str(python))
-    # One server serves one trainer process: a multi-process launch is refused, naming the key.
+    # One server serves one trainer process: a multi-process launch is refused, naming the key
+    # (auto: falls back to HF, saying why).
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"recipes\.r\.rl\.rollout_engine.*one trainer process"):
         rollout_engine(recipe)
+    capsys.readouterr()
+    assert rollout_engine(parse_recipe({"env": "search", "rl": {"rollout_engine": "auto"}}, "r")) == ("hf", None)
+    assert "auto: 2 trainer processes" in capsys.readouterr().err
 
 
 def test_explicit_vllm_without_vllm_fails_before_the_work_dir_is_touched(monkeypatch, tmp_path):

@@ -1,7 +1,7 @@
 """RL rollouts through a REAL vLLM server whose weights follow the trainer (ragrl.agent.vllm_sync).
 
-One server per module (a CPU start is one to two minutes on 2 shared cores), started by the code
-the RL job uses (`vllm_policy_server`) from the vLLM virtualenv (RAGRL_VLLM_VENV, as in
+One server per module (a CPU start is one to three minutes on 2 shared cores), started by the code
+the RL job uses (`rollout_engine`, `rollout_generators`) from the vLLM virtualenv (RAGRL_VLLM_VENV, as in
 tests/test_vllm_backend.py; skipped when it does not exist). What is shown:
 - after each update the server's log-probs of the step's rollouts equal the trainer's (its own
   scoring, ragrl.train.rl.score), and the server before the sync gave the old policy's, which are
@@ -30,9 +30,9 @@ import torch
 import transformers
 
 from ragrl.agent.environments import SearchEnvironment
-from ragrl.agent.vllm_sync import RELOAD_METHOD, SERVED_NAME, VLLMPolicyServer, vllm_policy_server, write_weights
+from ragrl.agent.vllm_sync import RELOAD_METHOD, SERVED_NAME, VLLMPolicyServer, write_weights
 from ragrl.recipe import parse_recipe
-from ragrl.stages.agent_rl import group_rollouts
+from ragrl.stages.agent_rl import group_rollouts, rollout_engine, rollout_generators
 from ragrl.toy.tiny_model import build_tiny
 from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.train.rl import RLConfig, Sample, collate, score, train_rl
@@ -67,10 +67,18 @@ def policy(tmp_path_factory):
                 "TOKENIZERS_PARALLELISM": "false"},
         "startup_timeout_s": int(os.environ.get("RAGRL_VLLM_STARTUP_TIMEOUT_S", "600")),
     }
+    # Started as the RL job starts it (ragrl.stages.agent_rl.train_agent): the recipe's engine, then
+    # the generators for the training, whose server lives in the work dir.
+    recipe = parse_recipe({"env": "search", "rl": {"rollout_engine": "vllm",
+                                                   "rollout_serve": {**serve, "python": str(VLLM_PYTHON)}}}, "vllm_rl")
+    engine = rollout_engine(recipe)
+    assert engine == ("vllm", str(VLLM_PYTHON))
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     t0 = time.monotonic()
-    with one_torch_thread(), vllm_policy_server(model_dir, root / "rollout_server", serve, str(VLLM_PYTHON)) as server:
+    with one_torch_thread(), rollout_generators(recipe, tok, model_dir, root / "work", engine) as generators:
+        server = generators.__self__
+        assert isinstance(server, VLLMPolicyServer) and server.weights_dir == root / "work/rollout_server/weights"
         print(f"\nvLLM policy server {server.url} up after {time.monotonic() - t0:.1f} s", file=sys.stderr)
-        tok = transformers.AutoTokenizer.from_pretrained(model_dir)
         rows = [r for r in world.qa["train"] if r["golden_answers"]]
         yield SimpleNamespace(server=server, url=server.url, model_dir=model_dir, tok=tok, world=world, rows=rows,
                               root=root)

@@ -21,9 +21,12 @@ embedding-method layer whose weight is shared with another layer repacks it from
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RagrlWeightSync:
-    def ragrl_reload_weights(self, weights_path: str) -> dict:
+    # `self` is vLLM's worker this class is mixed into (reload_weights, get_model, vllm_config).
+    def ragrl_reload_weights(self: Any, weights_path: str) -> dict:
         from vllm.config import set_current_vllm_config
 
         self.reload_weights(weights_path=weights_path)

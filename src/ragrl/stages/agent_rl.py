@@ -79,11 +79,16 @@ def rollout_engine(recipe: Recipe) -> tuple[str, str | None]:
         print(f"[rl] {key} auto: no vLLM ({why}); rollouts use HF generate in the trainer's process",
               file=sys.stderr, flush=True)
         return "hf", None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
         # One server per trainer process would need each process's share of the GPUs and its own
         # sync; not built (docs/RL.md).
-        raise ValueError(f"config key '{key}': {engine} rollouts run with one trainer process, not "
-                         f"{os.environ['WORLD_SIZE']} (WORLD_SIZE); use hf under a multi-process launch")
+        if engine == "vllm":
+            raise ValueError(f"config key '{key}': vllm rollouts run with one trainer process, not {world} "
+                             "(WORLD_SIZE); use hf or auto under a multi-process launch")
+        print(f"[rl] {key} auto: {world} trainer processes, vLLM rollouts need one; rollouts use HF generate "
+              "in each trainer process", file=sys.stderr, flush=True)
+        return "hf", None
     return "vllm", python
 
 
