@@ -24,7 +24,7 @@ from ragrl.agent.environments import SearchEnvironment
 from ragrl.agent.generation import CountingGenerator
 from ragrl.agent.vllm_sync import WEIGHTS_FILE, RolloutEngineUnavailable, write_weights
 from ragrl.recipe import parse_recipe
-from ragrl.serving import PYTHON_ENV
+from ragrl.serving import PYTHON_ENV, ServerStartError
 from ragrl.stages.agent_rl import hf_generators, make_rollout_fn, rollout_engine
 from ragrl.toy.tiny_model import build_tiny
 from ragrl.toy.world import generate_world, world_text, write_world
@@ -43,8 +43,8 @@ def tiny(tmp_path_factory):
     write_world(world, root / "world")
     model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
     with one_torch_thread():
-        yield dataclasses.make_dataclass("Tiny", ["world", "model_dir", "tok"])(
-            world, model_dir, transformers.AutoTokenizer.from_pretrained(model_dir))
+        yield dataclasses.make_dataclass("Tiny", ["world", "model_dir", "tok", "root"])(
+            world, model_dir, transformers.AutoTokenizer.from_pretrained(model_dir), root)
 
 
 def test_one_rl_steps_hf_rollouts_go_out_as_one_batch_per_turn(tiny, tmp_path):
@@ -118,6 +118,33 @@ def test_explicit_vllm_without_vllm_fails_before_the_work_dir_is_touched(monkeyp
     with pytest.raises(RolloutEngineUnavailable, match=rf"recipes\.r\.rl\.rollout_engine.*{missing}.*does not exist"):
         train_agent(recipe, tmp_path / "qa.parquet", tmp_path / "policy", work, None)
     assert sorted(p.name for p in work.iterdir()) == ["keep"]
+
+
+def test_the_rl_job_starts_its_server_only_for_a_training_left_to_run(tiny, tmp_path, monkeypatch):
+    from ragrl.stages import agent_rl
+
+    # An "interpreter with vLLM" that exits at once: a server start fails fast, saying so.
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.delenv(PYTHON_ENV, raising=False)
+    recipe = parse_recipe({"env": "search", "topk": 2, "rollout": {
+        "max_turns": 1, "max_turn_tokens": 8, "max_response_tokens": 64, "max_obs_tokens": 32},
+        "rl": {"steps": 1, "group_size": 2, "batch_prompts": 2, "checkpoint_every": 1, "rollout_engine": "vllm",
+               "rollout_serve": {"python": str(fake), "startup_timeout_s": 60}}}, "served")
+    env = SearchEnvironment(FakeRetriever(tiny.world.passages), topk=2)
+    qa = tiny.root / "world/qa/train.parquet"
+    # Training left to run: the job starts the server (in the work dir) before the first step.
+    with pytest.raises(ServerStartError, match="exited with code 3"):
+        agent_rl.train_agent(recipe, qa, tiny.model_dir, tmp_path / "work", env, limit=4)
+    assert (tmp_path / "work/rollout_server/vllm.log").read_text().startswith(str(fake))
+    # The same training finished (here by HF rollouts): re-running the job starts nothing.
+    with monkeypatch.context() as m:
+        m.setattr(agent_rl, "rollout_engine", lambda recipe: ("hf", None))
+        final = agent_rl.train_agent(recipe, qa, tiny.model_dir, tmp_path / "work", env, limit=4)
+    (tmp_path / "work/rollout_server/vllm.log").unlink()
+    assert agent_rl.train_agent(recipe, qa, tiny.model_dir, tmp_path / "work", env, limit=4) == final
+    assert not (tmp_path / "work/rollout_server/vllm.log").exists()
 
 
 def test_served_weights_hold_a_tied_tensor_once_and_appear_whole(tiny, tmp_path):

@@ -116,7 +116,7 @@ def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, l
     check, with the policy and the QA file, by content."""
     from transformers import AutoTokenizer
 
-    from ragrl.train.checkpoint import prepare_work_dir
+    from ragrl.train.checkpoint import is_finished, prepare_work_dir
     from ragrl.train.rl import train_rl
 
     # Everything that can be wrong with the settings or the data fails here, before the work dir
@@ -129,6 +129,8 @@ def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, l
     prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "limit": limit, **(fingerprint or {})},
                      {"policy": policy, "qa": qa, **(inputs or {})})
     tokenizer = AutoTokenizer.from_pretrained(policy)
+    if is_finished(out_dir, cfg.steps):
+        engine = ("hf", None)  # train_rl returns at once: no server to start (minutes) for no rollout
     with rollout_generators(recipe, tokenizer, policy, out_dir, engine) as generators:
         final = train_rl(policy, None, prompts, make_rollout_fn(recipe, tokenizer, env, generators), cfg, out_dir)
     if log_out is not None:
