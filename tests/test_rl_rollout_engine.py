@@ -165,3 +165,13 @@ def test_the_worker_extension_imports_nothing_from_ragrl():
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert modules and not any(m.split(".")[0] == "ragrl" for m in modules), modules
+
+
+@pytest.mark.parametrize("args", [["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--hos", "0.0.0.0"], ["--port", "8000"]])
+def test_rollout_serve_args_may_not_move_the_server_off_its_loopback_port(args):
+    # The server runs with VLLM_SERVER_DEV_MODE, whose /collective_rpc takes no API key: a --host
+    # (or a prefix argparse reads as it) later in the command line would expose it.
+    with pytest.raises(ValueError, match=r"recipes\.r\.rl\.rollout_serve\.args.*the RL job sets itself"):
+        parse_recipe({"env": "search", "rl": {"rollout_engine": "vllm", "rollout_serve": {"args": args}}}, "r")
+    allowed = ["--dtype", "float32", "--hf-overrides", "{}", "--max-model-len=64"]
+    parse_recipe({"env": "search", "rl": {"rollout_engine": "vllm", "rollout_serve": {"args": allowed}}}, "r")

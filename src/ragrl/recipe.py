@@ -33,6 +33,10 @@ RL_EXTRA_KEYS = ("limit", "backend", "verl", "rollout_engine", "rollout_serve")
 ROLLOUT_ENGINES = ("hf", "vllm", "auto")
 # `rl.rollout_serve`: how that server is started (ragrl.agent.vllm_sync).
 ROLLOUT_SERVE_KEYS = {"python": str, "args": list, "startup_timeout_s": int, "env": dict}
+# Server arguments the RL job sets itself and `rollout_serve.args` may not override (vLLM takes the
+# last one): the loopback host, because VLLM_SERVER_DEV_MODE's /collective_rpc calls worker methods
+# for any caller without an API key; the port, because the job picked a free one and polls it.
+ROLLOUT_SERVE_RESERVED_ARGS = ("--host", "--port")
 TEACHER_KEYS = {"base_url": str, "model": str, "api_key_env": str, "n": int, "max_per_question": int,
                 "batch_size": int, "serve": dict}
 # `serve` of a model the job starts itself (ragrl.serving): true, or these settings.
@@ -244,6 +248,13 @@ def _check_rl_route(recipe: Recipe) -> None:
     if not all(isinstance(a, str) for a in serve.get("args", [])):
         raise ValueError(f"config key '{key}.rollout_serve.args': vLLM server arguments must be strings, "
                          f"got {serve['args']!r}")
+    for arg in serve.get("args", []):
+        # argparse also reads an unambiguous prefix (`--hos`) as the option, and `_` as `-`.
+        name = arg.split("=", 1)[0].replace("_", "-")
+        reserved = [r for r in ROLLOUT_SERVE_RESERVED_ARGS if len(name) > 2 and r.startswith(name)]
+        if reserved:
+            raise ValueError(f"config key '{key}.rollout_serve.args': {arg!r} would override {reserved[0]}, which "
+                             "the RL job sets itself (the server listens on 127.0.0.1, on a free port it picks)")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in serve.get("env", {}).items()):
         raise ValueError(f"config key '{key}.rollout_serve.env': environment variables must map strings to "
                          f"strings, got {serve['env']!r}")
