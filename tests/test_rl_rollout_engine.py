@@ -175,3 +175,28 @@ def test_rollout_serve_args_may_not_move_the_server_off_its_loopback_port(args):
         parse_recipe({"env": "search", "rl": {"rollout_engine": "vllm", "rollout_serve": {"args": args}}}, "r")
     allowed = ["--dtype", "float32", "--hf-overrides", "{}", "--max-model-len=64"]
     parse_recipe({"env": "search", "rl": {"rollout_engine": "vllm", "rollout_serve": {"args": allowed}}}, "r")
+
+
+def test_the_synced_weights_file_is_deleted_with_the_server(tiny, tmp_path, monkeypatch):
+    # A whole copy of the policy per RL work dir (fp32: 28 GB for 7B) must not outlive the training,
+    # whether it ends or fails.
+    from contextlib import contextmanager
+
+    from ragrl.agent import vllm_sync
+
+    @contextmanager
+    def no_server(spec):
+        yield "http://127.0.0.1:9"
+
+    monkeypatch.setattr(vllm_sync, "model_server", no_server)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny.model_dir, dtype=torch.float32)
+    with vllm_sync.vllm_policy_server(tiny.model_dir, tmp_path / "srv", {}, "python") as server:
+        written = write_weights(model, server.weights_dir)
+        assert written.is_file()
+    assert not written.exists() and not server.weights_dir.exists()
+    with pytest.raises(RuntimeError, match="training failed"):
+        with vllm_sync.vllm_policy_server(tiny.model_dir, tmp_path / "srv", {}, "python") as server:
+            written = write_weights(model, server.weights_dir)
+            raise RuntimeError("training failed")
+    assert not written.exists()
+    assert (tmp_path / "srv" / "ext").is_dir()  # the rest of the server dir (its log, the extension) stays

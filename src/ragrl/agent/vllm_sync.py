@@ -186,7 +186,8 @@ def server_spec(policy: str | Path, work_dir: Path, serve: Mapping, python: str)
 def vllm_policy_server(policy: str | Path, work_dir: str | Path, serve: Mapping, python: str
                        ) -> Iterator[VLLMPolicyServer]:
     """A vLLM server for `policy`, its log and synced weights under `work_dir`, for the duration
-    of the block (stopped by pid on exit, whatever the block did: ragrl.serving.model_server)."""
+    of the block (stopped by pid on exit, whatever the block did: ragrl.serving.model_server; the
+    synced weights' file is deleted then)."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     with model_server(server_spec(policy, work_dir, serve, python)) as url:
@@ -195,3 +196,6 @@ def vllm_policy_server(policy: str | Path, work_dir: str | Path, serve: Mapping,
             yield server
         finally:
             server.close()
+            # The file only carries a sync: a whole copy of the policy (4 bytes a parameter in fp32)
+            # that would otherwise outlive the training in its work dir; a resumed run writes its own.
+            shutil.rmtree(server.weights_dir, ignore_errors=True)
