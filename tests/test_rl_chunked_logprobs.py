@@ -242,10 +242,17 @@ def _one_step(model_dir, out, chunk):
     return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
-def test_rl_steps_log_the_same_records_chunked(model_dir, tmp_path):
+def test_rl_steps_log_the_same_records_chunked(model_dir, tmp_path, monkeypatch):
     # Two steps, so that the second step's KL (old policy against the reference) is not zero.
     full = _one_step(model_dir, tmp_path / "full", 0)
+    # The trainer's model really went through the chunks (a silent fall-back to the whole logits,
+    # e.g. a head chunkable_head does not find, would log the same records).
+    chunk_sizes = []
+    real = rl_mod.chunked_token_logprobs
+    monkeypatch.setattr(rl_mod, "chunked_token_logprobs",
+                        lambda *a, **k: chunk_sizes.append(a[4]) or real(*a, **k))
     chunked = _one_step(model_dir, tmp_path / "chunked", 5)
+    assert chunk_sizes and set(chunk_sizes) == {5}
     assert len(full) == len(chunked) == 2
     for want, got in zip(full, chunked):
         assert want["response_length"] == got["response_length"]  # the same rollouts
