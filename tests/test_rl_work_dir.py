@@ -191,3 +191,23 @@ def test_a_verl_run_on_changed_inputs_does_not_resume(tmp_path, monkeypatch, cha
     assert not (work / "verl_checkpoints").exists()
     [aside] = _aside(work)
     assert (work / aside / "verl_checkpoints" / "global_step_2").is_dir()
+
+
+def test_how_the_work_is_split_resumes_and_what_is_trained_starts_over(tmp_path):
+    # An out-of-memory fix (smaller micro-batches or log-prob chunks) or a longer server start-up
+    # must resume hours of RL; a changed learning rate is another training.
+    from ragrl.recipe import parse_recipe
+    from ragrl.stages.agent_rl import resume_key
+
+    def key(**rl):
+        return resume_key(parse_recipe({"env": "search", "retriever": "flat", "rl": {"steps": 4, "lr": 1e-5, **rl}},
+                                       "search_r1"))
+
+    work = tmp_path / "work"
+    _prepare_work_dir(work, {"recipe": key()})
+    _checkpoint(work, 2)
+    _prepare_work_dir(work, {"recipe": key(logprob_chunk_tokens=64, micro_batch_size=1, checkpoint_every=1,
+                                           rollout_engine="auto", rollout_serve={"startup_timeout_s": 1800})})
+    assert (work / "checkpoints" / "step-2").is_dir() and not _aside(work)
+    _prepare_work_dir(work, {"recipe": key(lr=2e-5)})
+    assert not (work / "checkpoints").exists() and len(_aside(work)) == 1

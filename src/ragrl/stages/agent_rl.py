@@ -109,6 +109,20 @@ def rollout_generators(recipe: Recipe, tokenizer, policy: Path, work_dir: Path,
         yield server.generator_for
 
 
+# How the work is split and where it runs, not what is trained: a change of these resumes the
+# checkpoints (the trainer logs the change) instead of moving them aside, so lowering the chunk size
+# after an out-of-memory, or a longer server start-up, keeps hours of RL.
+RESUMABLE_RL_KEYS = ("micro_batch_size", "logprob_chunk_tokens", "rollout_engine", "rollout_serve",
+                     "checkpoint_every", "keep_checkpoints")
+
+
+def resume_key(recipe: Recipe) -> dict:
+    """The recipe as the work dir's resume check compares it (RESUMABLE_RL_KEYS left out)."""
+    key = dataclasses.asdict(recipe)
+    key["rl"] = {k: v for k, v in (key.get("rl") or {}).items() if k not in RESUMABLE_RL_KEYS}
+    return key
+
+
 def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, limit: int | None = None,
                 log_out: Path | None = None, fingerprint: dict | None = None, inputs: dict | None = None) -> Path:
     """RL of `policy` on the questions of `qa` in `env`. `fingerprint`: other settings the training
@@ -126,7 +140,7 @@ def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, l
     table = read_columns(qa, ["id", "question", "golden_answers"],
                          optional=("metadata", *recipe.method.row_columns)).to_pylist()
     prompts = table[:limit] if limit else table
-    prepare_work_dir(Path(out_dir), {"recipe": dataclasses.asdict(recipe), "limit": limit, **(fingerprint or {})},
+    prepare_work_dir(Path(out_dir), {"recipe": resume_key(recipe), "limit": limit, **(fingerprint or {})},
                      {"policy": policy, "qa": qa, **(inputs or {})})
     tokenizer = AutoTokenizer.from_pretrained(policy)
     if is_finished(out_dir, cfg.steps):
