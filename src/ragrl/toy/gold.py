@@ -12,9 +12,9 @@ import json
 import zlib
 from dataclasses import dataclass
 
+from ragrl.agent.gold_plan import GoldPlan, Hop
 from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, THINK_CLOSE, THINK_OPEN
 from ragrl.toy.relations import RELATION_BY_KEY
-from ragrl.train.sft_data import GoldPlan, Hop
 
 
 @dataclass(frozen=True)

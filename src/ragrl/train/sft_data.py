@@ -3,7 +3,7 @@
 Two routes, one output format.
 
 Gold trajectories (the embedded default): for each QA row of the synthetic world, the trajectory
-of a perfect agent, planned by a `GoldPlanner` (the world's: `ragrl.toy.gold`). One assistant turn per hop, `<think>…</think>\\n<search>query</search>`, whose
+of a perfect agent, planned by a `GoldPlanner` (`ragrl.agent.gold_plan`; the world's: `ragrl.toy.gold`). One assistant turn per hop, `<think>…</think>\\n<search>query</search>`, whose
 query is the 1-hop question template of the hop's relation filled with the hop's head ("Where was
 X born?"); bridge hops are sequential (the second head is the first hop's answer); the two sides
 of a comparison are one turn each, or ONE turn `<search>q1 | q2</search>` in the multi-query
@@ -45,12 +45,13 @@ import copy
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragrl.agent.gold_plan import GoldPlan, GoldPlanner, Hop  # noqa: F401  (re-exported)
 from ragrl.agent.protocol import observation, recorded_turns
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.io import write_json, write_parquet
@@ -81,40 +82,6 @@ class SFTDataStats:
     def to_dict(self) -> dict:
         return {"source": self.source, "total": self.total, "kept": self.kept,
                 "kept_share": round(self.kept_share, 6), "dropped": dict(sorted(self.dropped.items()))}
-
-
-# --------------------------------------------------------------------------- gold plans
-
-
-@dataclass(frozen=True)
-class Hop:
-    head: str
-    relation: str
-    tail: str
-    query: str
-    passage: str | None  # the supporting passage id, when known
-
-
-@dataclass(frozen=True)
-class GoldPlan:
-    """What a perfect agent does for one row: search turns (each a list of hop indices), then answer."""
-
-    row_id: str
-    question: str
-    answer: str
-    hops: tuple[Hop, ...]
-    turns: tuple[tuple[int, ...], ...]
-
-
-class GoldPlanner(Protocol):
-    """Turns a QA row into a perfect agent's plan and writes its turns (the synthetic world's is
-    `ragrl.toy.gold.WorldPlanner`; real datasets have no such annotations)."""
-
-    def plan(self, row: dict, multi_query: bool, max_queries: int) -> GoldPlan: ...
-
-    def search_text(self, plan: GoldPlan, turn: int) -> str: ...
-
-    def answer_text(self, plan: GoldPlan) -> str: ...
 
 
 # --------------------------------------------------------------------------- gold trajectories
