@@ -19,7 +19,7 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (_SRC, os.environ.get("P
 from ragrl.config import config_errors, drop_null_entries  # noqa: E402
 from ragrl.methods import get_method  # noqa: E402
 from ragrl.models import ModelNameError, check_model_name  # noqa: E402
-from ragrl.recipe import HARR_RUNS, harr_generator_spec, parse_harr, parse_recipe  # noqa: E402
+from ragrl.recipe import HARR_RUNS, harr_generator_spec, harr_lineage, parse_harr, parse_recipe  # noqa: E402
 from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, safe_name, world_files  # noqa: E402
 from ragrl.retrieval.factory import factory_error  # noqa: E402
 
@@ -733,14 +733,8 @@ def _graph_lineage(recipe_lineage):
 
 
 def _harr_lineage():
-    """HARR's runs: a trained encoder starts from the frozen one; a trained run lacking a feature
-    the full run has (history-aware states) is its ablation (ragrl.recipe.HARR_RUNS's flags)."""
-    flags = harr_runs()
-    frozen = next((r for r, (trained, *_) in flags.items() if not trained), None)
-    full = next((r for r, (trained, *features) in flags.items() if trained and all(features)), None)
-    return {r: {"family": "harr", "step": "rl" if trained else "base", "start_run": frozen if trained else None,
-                "ablation_of": full if trained and not all(features) else None}
-            for r, (trained, *features) in flags.items()}
+    # ragrl.recipe.harr_lineage: from HARR_RUNS' flags, none without `harr`.
+    return harr_lineage(harr_runs())
 
 
 def trained_runs():

@@ -102,7 +102,7 @@ rule harr_eval:
     benchmark:
         "benchmarks/harr/eval/{run}/{dataset}.tsv"
     wildcard_constraints:
-        run="harr_frozen|harr|harr_no_history",
+        run="|".join(HARR_RUNS),
     threads: rule_threads("harr_eval")
     resources:
         **rule_resources("harr_eval"),
@@ -135,7 +135,7 @@ rule harr_recall:
     benchmark:
         "benchmarks/harr/recall/{run}/{dataset}.tsv"
     wildcard_constraints:
-        run="harr_frozen|harr|harr_no_history",
+        run="|".join(HARR_RUNS),
     threads: rule_threads("harr_recall")
     resources:
         **rule_resources("harr_recall"),
@@ -161,7 +161,7 @@ rule harr_manifest:
     benchmark:
         "benchmarks/harr/manifest/{run}.tsv"
     wildcard_constraints:
-        run="harr_frozen|harr|harr_no_history",
+        run="|".join(HARR_RUNS),
     threads: 1
     resources:
         **rule_resources("run_manifest"),

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ragrl.recipe import HARR_RUNS, harr_generator_spec, parse_harr
+from ragrl.recipe import HARR_RUNS, harr_generator_spec, harr_lineage, parse_harr
 from ragrl.stages.harr import GeneratorSource, multihop_recall, served, step_seed
 
 from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
@@ -96,9 +96,21 @@ def test_a_generator_this_job_serves_is_defined_by_its_settings_not_its_port():
     assert GeneratorSource("m").definition() == {}
 
 
-def test_the_three_evaluated_runs():
-    # frozen: the index's own encoder, query-only states; HARR: trained with history; the ablation without.
-    assert HARR_RUNS == {"harr_frozen": (False, False), "harr": (True, True), "harr_no_history": (True, False)}
+def test_the_four_evaluated_runs_and_their_lineage():
+    # frozen: the index's own encoder, query-only states; the same encoder on history-aware states;
+    # HARR: trained with history; the ablation without.
+    assert HARR_RUNS == {"harr_frozen": (False, False), "harr_frozen_history": (False, True), "harr": (True, True),
+                         "harr_no_history": (True, False)}
+    lineage = harr_lineage(HARR_RUNS)
+    # what each trained encoder was before training, under the states it is evaluated with
+    assert lineage["harr"]["start_run"] == "harr_frozen_history"
+    assert lineage["harr_no_history"]["start_run"] == "harr_frozen"
+    assert lineage["harr_no_history"]["ablation_of"] == "harr" and lineage["harr"]["ablation_of"] is None
+    assert lineage["harr_frozen_history"]["variant_of"] == "harr_frozen"
+    assert lineage["harr_frozen_history"]["step"] == "history" and lineage["harr_frozen"]["step"] == "base"
+    assert lineage["harr_frozen"]["variant_of"] is None
+    # without a frozen run under the same features, a trained run starts from the plain frozen one
+    assert harr_lineage({"f": (False, False), "h": (True, True)})["h"]["start_run"] == "f"
 
 
 class AnswerByQuestion:

@@ -13,7 +13,7 @@ import pytest
 
 from test_workflow import REPO, TINY, _snakemake
 
-HARR_RUNS = ["harr_frozen", "harr", "harr_no_history"]
+HARR_RUNS = ["harr_frozen", "harr_frozen_history", "harr", "harr_no_history"]
 
 
 def harr_tiny_config(outside_generator: bool = False) -> dict:

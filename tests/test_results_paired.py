@@ -227,10 +227,12 @@ def test_workflow_lineage_of_an_ablation_sharing_the_sft_start(tmp_path):
         ("knowrl_no_fact_rl", "knowrl_sft", "rl vs sft"),
         ("knowrl_no_fact_rl", "knowrl_rl", "ablation vs full"),
     }
-    # HARR (config harr, HARR_RUNS' flags): trained encoders start from the frozen one, the
+    # HARR (config harr, HARR_RUNS' flags): trained encoders start from the frozen one under the
+    # same states, the frozen encoder on history-aware states varies the plain frozen run, and the
     # query-only encoder is HARR's ablation.
     assert {p for p in pairs if p[0].startswith("harr")} == {
-        ("harr", "harr_frozen", "rl vs base"),
+        ("harr_frozen_history", "harr_frozen", "history vs base"),
+        ("harr", "harr_frozen_history", "rl vs history"),
         ("harr_no_history", "harr_frozen", "rl vs base"),
         ("harr_no_history", "harr", "ablation vs full"),
     }

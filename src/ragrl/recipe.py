@@ -285,9 +285,33 @@ def stage_keys() -> dict[str, tuple[str, ...]]:
 
 HARR_KEYS = ("generator", "index", "train_dataset", "eval_datasets", "filter", "filter_limit", "recall_k",
              "environment", "encoder", "train")
-# The evaluated runs: the frozen encoder, HARR's encoder (history-aware states), and the ablation
+# The evaluated runs: the frozen encoder on query-only states; the frozen encoder on HARR's
+# history-aware states (the baseline HARR's training starts from: all-MiniLM never saw such text,
+# and the state format alone changes the generator's answers); HARR's encoder; and the ablation
 # trained and evaluated on the query alone. run id -> (trained?, history-aware states?)
-HARR_RUNS = {"harr_frozen": (False, False), "harr": (True, True), "harr_no_history": (True, False)}
+HARR_FEATURES = ("history",)  # the flags after `trained?`, by name
+HARR_RUNS = {"harr_frozen": (False, False), "harr_frozen_history": (False, True), "harr": (True, True),
+             "harr_no_history": (True, False)}
+
+
+def harr_lineage(runs: dict[str, tuple[bool, ...]]) -> dict[str, dict[str, str | None]]:
+    """Each HARR run's lineage (ragrl.results.paired) from its flags (trained?, *features): a
+    trained encoder starts from the frozen encoder under the same features (what it was before
+    training); the frozen encoder under other features is a variant of the plain frozen run; a
+    trained run lacking a feature the full run has is that run's ablation."""
+    frozen = {tuple(features): run for run, (trained, *features) in runs.items() if not trained}
+    plain = next((run for features, run in frozen.items() if not any(features)), None)
+    full = next((run for run, (trained, *features) in runs.items() if trained and all(features)), None)
+    out: dict[str, dict[str, str | None]] = {}
+    for run, (trained, *features) in runs.items():
+        if trained:
+            out[run] = {"family": "harr", "step": "rl", "start_run": frozen.get(tuple(features), plain),
+                        "ablation_of": full if not all(features) else None}
+        else:
+            # A variant's step names what it changes (as `oracle`, `no_retrieval`): "history vs base".
+            step = "base" if run == plain else "_".join(n for n, on in zip(HARR_FEATURES, features) if on) or "base"
+            out[run] = {"family": "harr", "step": step, "variant_of": plain if run != plain else None}
+    return out
 
 
 # harr.generator as a mapping: a run of this workflow (`run`) or an outside checkpoint (`model`, with
