@@ -36,7 +36,7 @@ from ragrl.kg.text_graph import (
     seed_entities,
     subgraph_triples,
 )
-from ragrl.rewards.autograph import REPETITION_LIMIT, RECALL_K, Judge, JudgeItem, penalised, recall_at_k
+from ragrl.kg.graph_scoring import REPETITION_LIMIT, RECALL_K, Judge, JudgeItem, penalised, recall_at_k
 
 REWARD_MODES = ("index", "carrier")  # R_I (PPR recall) or R_C (judge on the subgraph)
 _A, _U = "\u2063ASSISTANT\u2063", "\u2063USER\u2063"  # placeholders no template or document writes

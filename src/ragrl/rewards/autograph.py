@@ -15,41 +15,21 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from importlib import resources
-from typing import Protocol
 
-from ragrl.kg.extraction import Triple
+# The terms an episode's score is made of live in ragrl.kg.graph_scoring, beside the episodes
+# (ragrl.kg.constructor) that use them: here they made ragrl.kg and ragrl.rewards import each other.
+from ragrl.kg.graph_scoring import (  # noqa: F401  (re-exported)
+    RECALL_K,
+    REPETITION_LIMIT,
+    Judge,
+    JudgeItem,
+    penalised,
+    recall_at_k,
+)
 from ragrl.kg.text_graph import build_graph, name_matches, subgraph_triples
 from ragrl.replies import DEAD_RUN, ReplyTally
-
-REPETITION_LIMIT = 0.9  # AutoGraph-R1: a rollout with more than 90% repeated triples scores 0
-RECALL_K = 5
-
-
-def recall_at_k(ranked: Sequence[str], gold: Iterable[str], k: int = RECALL_K) -> float:
-    """Share of the distinct gold ids among the first k ranked ids (0 when there is no gold)."""
-    gold_set = set(gold)
-    if not gold_set or k < 1:
-        return 0.0
-    return len(gold_set & set(ranked[:k])) / len(gold_set)
-
-
-def penalised(reward: float, repetition: float, limit: float = REPETITION_LIMIT) -> float:
-    """The task reward minus the repetition share; 0 when the share exceeds `limit`."""
-    return 0.0 if repetition > limit else reward - repetition
-
-
-@dataclass(frozen=True)
-class JudgeItem:
-    question: str
-    answers: tuple[str, ...]  # gold answer and aliases
-    triples: tuple[Triple, ...]  # what the subgraph retriever returned
-
-
-class Judge(Protocol):
-    def judge(self, items: Sequence[JudgeItem]) -> list[bool]: ...
 
 
 class ConnectivityJudge:
