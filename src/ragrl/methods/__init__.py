@@ -22,10 +22,18 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    # For mypy only: at run time this package imports the standard library alone (see above). The
+    # recipe is typed Any in the hooks: ragrl.recipe imports this package, and importing it back,
+    # even for mypy, would add an import cycle.
+    from ragrl.agent.environments import Environment
+    from ragrl.agent.generation import Generator
+    from ragrl.settings import RolloutConfig
 
 # What an environment may read, by kind (a passage retriever, a knowledge graph): the rules turn each into file inputs and CLI flags, the
 # CLI turns the flags back into objects (ragrl.stages.agent.load_backends).
@@ -45,60 +53,141 @@ class Score:
     components: Mapping[str, float] = field(default_factory=dict)
 
 
+# The hooks' signatures. Every caller passes a hook's arguments by position, so the parameters are
+# positional-only: mypy checks a plug-in's arity and annotated types against them, not its
+# parameter names. `recipe` is a parsed `ragrl.recipe.Recipe`; `row` a QA row as a dict (id,
+# question, golden_answers, metadata and the method's `row_columns`); `trajectory` what the
+# method's engine returned (`ragrl.agent.rollout.Trajectory` with the default engine).
+
+
+class MakeEnvironment(Protocol):
+    """`backends`: {input kind: object} for the method's `inputs` (ragrl.stages.agent.load_backends;
+    {} where verl builds prompts). Called by the SFT, RL and evaluation stages and verl's agent loop."""
+
+    def __call__(self, recipe: Any, backends: Mapping[str, Any], /) -> Environment: ...
+
+
+class ScoreHook(Protocol):
+    """The local trainer's reward of one rollout (ragrl.stages.agent_rl.make_rollout_fn)."""
+
+    def __call__(self, recipe: Any, trajectory: Any, row: dict[str, Any], /) -> Score: ...
+
+
+class VerlReward(Protocol):
+    """verl's reward of one response (`compute_score` of the verl bridge): `weights` the
+    recipe's reward weights, `trajectory` the turn record our agent loop passed through verl
+    ({"response_text", "answer", "actions"}), `golds` the golden answers. Returns {"score": the
+    weighted reward, and each component}, every key logged by verl."""
+
+    def __call__(self, weights: Mapping[str, float], trajectory: Mapping[str, Any], golds: Sequence[str],
+                 /) -> dict[str, float]: ...
+
+
+class GoldSFT(Protocol):
+    """The `gold` cold-start SFT data (ragrl.stages.agent.sft_data): reads the QA parquet `qa`,
+    tokenizes with `policy`'s tokenizer, writes the SFT data to `out` (at most `limit` questions,
+    None: all); `env` is what `make_environment` returned. Returns the data's stats (kept, total, ...)."""
+
+    def __call__(self, recipe: Any, qa: Path, policy: Path, env: Any, backends: Mapping[str, Any], out: Path,
+                 limit: int | None, /) -> dict[str, Any]: ...
+
+
+class GoldSFTReason(Protocol):
+    """Why gold SFT data cannot be made from `dataset` (a config `datasets` entry: format, path,
+    ...), or None when it can: `snakemake -n` fails with the reason (rules/common.smk)."""
+
+    def __call__(self, dataset: Mapping[str, Any], /) -> str | None: ...
+
+
+class EvalMetrics(Protocol):
+    """Extra prediction columns for one evaluated question (the method's `eval_metric_columns`);
+    a None value is left out of its column's mean (ragrl.eval.evaluate)."""
+
+    def __call__(self, recipe: Any, row: dict[str, Any], trajectory: Any, /) -> Mapping[str, float | None]: ...
+
+
+class EvalGroup(Protocol):
+    """The question's group in metrics.json's by_type; None: its metadata.type."""
+
+    def __call__(self, recipe: Any, row: dict[str, Any], /) -> str | None: ...
+
+
+class RolloutHook(Protocol):
+    """New rollout settings from the recipe's: `rollout` when a recipe is parsed (every stage),
+    `eval_rollout` before evaluation only."""
+
+    def __call__(self, cfg: RolloutConfig, /) -> RolloutConfig: ...
+
+
+class Files(Protocol):
+    """{name: path} of files the hooks read besides the environment's inputs (a KB): inputs of the
+    recipe's jobs (rules/common.smk)."""
+
+    def __call__(self, recipe: Any, /) -> Mapping[str, str]: ...
+
+
+class EpisodeEngine(Protocol):
+    """The episode loop RL and evaluation drive. `run_rows` returns `n` trajectories per row,
+    prompt-major, each with prompt_ids, response_ids, loss_mask, turn_index and prompt_index.
+    Evaluation also reads `env.spec.tools`, or calls `record(row, trajectory) -> dict` instead
+    where the engine has one (the prediction row's generic fields)."""
+
+    def run_rows(self, rows: Sequence[dict[str, Any]], /, n: int | None = None,
+                 seed: int | None = None) -> Sequence[Any]: ...
+
+
+class EngineHook(Protocol):
+    """The method's engine over `env` (what its `make_environment` returned, so typed Any: a
+    method with its own engine has its own environment class). A class whose constructor takes
+    these is one."""
+
+    def __call__(self, generator: Generator, tokenizer: Any, env: Any, rollout_cfg: RolloutConfig,
+                 /) -> EpisodeEngine: ...
+
+
 @dataclass(frozen=True)
 class Method:
-    """Everything the generic layers need to know about one method.
+    """Everything the generic layers need to know about one method, in two groups.
 
-    Hooks (called with a parsed `ragrl.recipe.Recipe`):
-      make_environment(recipe, backends) -> Environment     backends: {input kind: object}
-      score(recipe, trajectory, row) -> Score                 row: the QA row (golden_answers, ...)
-      verl_reward(weights, trajectory, golds) -> dict         {"score", components}: verl's reward of a
-                                                              trajectory our agent loop recorded (a dict:
-                                                              response_text, answer, actions = its turn
-                                                              record)
-      gold_sft(recipe, qa_path, policy, env, backends, out, limit) -> stats   (sft.source gold)
-      gold_sft_reason(dataset_spec) -> str | None             why gold SFT data cannot be planned
-      eval_metrics(recipe, row, trajectory) -> dict           extra metric columns per prediction (a
-                                                              value may be None: left out of its mean)
-      eval_group(recipe, row) -> str | None                   the row's group in metrics.json's
-                                                              by_type (default: metadata.type)
-      rollout(cfg) -> RolloutConfig                           the method's rollout settings, applied
-                                                              when a recipe is parsed (every stage)
-      files(recipe) -> {name: path}                           files the hooks read besides the
-                                                              environment's inputs (a KB): inputs of
-                                                              the recipe's jobs
-      engine(generator, tokenizer, env, rollout_cfg) -> engine   the episode loop RL and evaluation
-                                                              drive (default: the tag-action
-                                                              `RolloutEngine`): `run_rows(rows, n,
-                                                              seed)` -> trajectories with prompt_ids,
-                                                              response_ids, loss_mask, turn_index,
-                                                              prompt_index; `record(row, traj)` may
-                                                              replace the prediction row's generic
-                                                              fields
+    Behaviour hooks: functions the stages call, each typed by a Protocol above (its docstring says
+    who calls it with what), so mypy checks a plug-in's hooks (tests/test_typecheck.py). Only
+    `make_environment` and `score` are required.
+
+    Declarations: plain data the workflow and the recipe parser read without calling anything
+    (which inputs the jobs need, which reward keys a recipe may weigh, whether there is cold-start
+    SFT, which baseline rows to add, ...).
     """
 
     name: str
     summary: str
-    make_environment: Callable[..., Any]
-    score: Callable[..., Score]
+    # ---- behaviour hooks
+    make_environment: MakeEnvironment
+    score: ScoreHook
+    verl_reward: VerlReward | None = None
+    gold_sft: GoldSFT | None = None
+    gold_sft_reason: GoldSFTReason | None = None
+    eval_metrics: EvalMetrics | None = None
+    eval_group: EvalGroup | None = None
+    # Applied when a recipe is parsed, so SFT data, RL and evaluation share it (a single-turn method).
+    rollout: RolloutHook | None = None
+    # How a run of this method changes the rollout settings before evaluation (closed book: no
+    # tool turns, its own prompt).
+    eval_rollout: RolloutHook | None = None
+    files: Files | None = None
+    # None: the tag-action `ragrl.agent.rollout.RolloutEngine`.
+    engine: EngineHook | None = None
+    # ---- declarations
     inputs: tuple[str, ...] = ()
+    # Columns of the QA file the hooks read besides id, question, golden_answers, metadata.
+    row_columns: tuple[str, ...] = ()
     reward_keys: tuple[str, ...] = ()
     default_reward: Mapping[str, float] = field(default_factory=dict)
     turn_reward_keys: tuple[str, ...] = ()
     # recipes.<name>.options: settings only this method reads (a dataclass, checked key by key).
     options: type | None = None
-    gold_sft: Callable[..., Any] | None = None
-    gold_sft_reason: Callable[[Mapping[str, Any]], str | None] | None = None
-    eval_metrics: Callable[..., dict] | None = None
     eval_metric_columns: tuple[str, ...] = ()
-    eval_group: Callable[..., str | None] | None = None
-    rollout: Callable[..., Any] | None = None
-    files: Callable[..., Mapping[str, str]] | None = None
-    engine: Callable[..., Any] | None = None
-    # Columns of the QA file the hooks read besides id, question, golden_answers, metadata.
-    row_columns: tuple[str, ...] = ()
-    verl_reward: Callable[..., dict] | None = None
     rl_backends: tuple[str, ...] = ("local",)
+    sft_data: bool = True  # False: the method has no cold-start SFT (e.g. the closed-book baseline)
     # The untrained policy's `base` and `no_retrieval` rows are evaluated with the first recipe
     # whose method says so (an open-domain QA agent; not a KG agent, whose datasets name a KG).
     baselines: bool = False
@@ -108,16 +197,12 @@ class Method:
     # Whether an oracle row (the RL policy with every search answered by the question's supporting
     # passages) means something: it does for an agent that reads retrieved passages.
     oracle_row: bool = True
-    # How a run of this method changes the rollout settings before evaluation (closed book: no
-    # tool turns, its own prompt).
-    eval_rollout: Callable[..., Any] | None = None
-    sft_data: bool = True  # False: the method has no cold-start SFT (e.g. the closed-book baseline)
     # Option fields holding an OpenAI-compatible endpoint entry {model, base_url?, serve?,
     # api_key_env?} that the hooks call (a judge, an embedder): a job running the hooks starts a vLLM
     # server for each entry without base_url and stops it at the end (ragrl.serving.endpoint_url).
     endpoints: tuple[str, ...] = ()
 
-    def make_engine(self, generator, tokenizer, env, rollout_cfg):
+    def make_engine(self, generator: Generator, tokenizer: Any, env: Any, rollout_cfg: RolloutConfig) -> EpisodeEngine:
         if self.engine is not None:
             return self.engine(generator, tokenizer, env, rollout_cfg)
         from ragrl.agent.rollout import RolloutEngine

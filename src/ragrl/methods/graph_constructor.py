@@ -23,7 +23,7 @@ training optimises, the share of valid episodes, and the number and repetition o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -105,7 +105,7 @@ class ConstructorEnvironment:
     def respond(self, actions, reserved=(), sample_ids=None):
         raise NotImplementedError(_NOT_GENERIC)
 
-    def episodes(self, qa_rows: list[dict]):
+    def episodes(self, qa_rows: Sequence[dict]):
         from ragrl.kg.constructor import episodes_from_world
 
         if self.retriever is None:
@@ -205,7 +205,7 @@ class ConstructorEngine:
                                           max_response_tokens=cfg.max_response_tokens, temperature=cfg.temperature,
                                           top_p=cfg.top_p, allow_empty=env.options.allow_empty)
 
-    def run_rows(self, rows: list[dict], n: int | None = None, seed: int | None = None):
+    def run_rows(self, rows: Sequence[dict], n: int | None = None, seed: int | None = None):
         return self.rollout.run(self.env.episodes(rows), n=n or 1, seed=self.seed if seed is None else seed)
 
     def record(self, row: Mapping[str, Any], t) -> dict:
