@@ -3,7 +3,7 @@
 #
 #   scripts/verl_ray_launch.sh VERL_PYTHON [main_ppo overrides...]
 #
-# `ragrl rl` runs this for a recipe with rl.backend: verl (src/ragrl/train/verl/launch.py); it can
+# `ragrl rl` runs this for a recipe with rl.backend: verl (src/ragrl/verl/launch.py); it can
 # also be run by hand inside `salloc`/`sbatch` with the overrides from <work>/overrides.txt.
 #
 # Inside SLURM the job (this script) runs on the allocation's first node: the Ray head starts here,

@@ -44,7 +44,7 @@ echo "$ROOT/src" > "$site/ragrl-src.pth"
 import importlib.metadata as md
 import torch
 import verl.experimental.agent_loop.agent_loop  # the imports the backend needs, checked once here
-import ragrl.train.verl.reward
+import ragrl.verl.reward
 print(f"verl venv: verl {md.version('verl')}, torch {torch.__version__}, transformers {md.version('transformers')}")
 PY
 echo "$want" > "$STAMP"

@@ -159,7 +159,7 @@ def test_a_verl_run_on_changed_inputs_does_not_resume(tmp_path, monkeypatch, cha
     import transformers
 
     from ragrl.recipe import parse_recipe
-    from ragrl.train.verl.launch import run_verl
+    from ragrl.verl.launch import run_verl
 
     class Launched(RuntimeError):
         pass

@@ -48,9 +48,9 @@ from ragrl.agent.protocol import OBS_PREFIX, OBS_SUFFIX, forced_answer_prompt
 from ragrl.recipe import parse_recipe
 from ragrl.toy.tiny_model import build_tiny
 from ragrl.toy.world import generate_world, world_text, write_world
-from ragrl.train.verl.data import check_prompts_match_engine, write_verl_parquet
-from ragrl.train.verl.launch import agent_loop_entries, cluster_from_env, convert_log, start_retriever
-from ragrl.train.verl.overrides import VerlPaths, build_overrides, hydra_value
+from ragrl.verl.data import check_prompts_match_engine, write_verl_parquet
+from ragrl.verl.launch import agent_loop_entries, cluster_from_env, convert_log, start_retriever
+from ragrl.verl.overrides import VerlPaths, build_overrides, hydra_value
 from test_rollout import SPEC, check_mask_against_info_spans
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def launch(tmp_path_factory):
         agent_cfg = root / "work" / "agent_loop.yaml"
         agent_cfg.write_text(yaml.safe_dump(agent_loop_entries(recipe, url), sort_keys=False))
         paths = VerlPaths(train_parquet=train, val_parquet=train, policy=model, checkpoints=root / "work" / "ckpt",
-                          agent_loop_config=agent_cfg, reward_module=REPO / "src/ragrl/train/verl/reward.py")
+                          agent_loop_config=agent_cfg, reward_module=REPO / "src/ragrl/verl/reward.py")
         overrides = build_overrides(recipe, paths, n_prompts=stats["rows"], max_prompt_length=stats["max_prompt_length"])
         yield SimpleNamespace(root=root, model=model, tok=tok, recipe=recipe, stats=stats, url=url, paths=paths,
                               overrides=overrides)
@@ -275,7 +275,7 @@ def test_launch_overrides_compose_with_hydra(launch):
     assert actor["use_kl_loss"] is True and actor["kl_loss_type"] == "k3"
     assert actor["loss_agg_mode"] == "seq-mean-token-mean" and actor["ppo_mini_batch_size"] == 4
     reward = cfg["reward"]["custom_reward_function"]
-    assert reward["path"].endswith("ragrl/train/verl/reward.py") and reward["name"] == "compute_score"
+    assert reward["path"].endswith("ragrl/verl/reward.py") and reward["name"] == "compute_score"
     assert reward["reward_kwargs"] == {"weights": {"em": 1.0, "format": 0.1}, "env": "search", "plugin": ""}
     assert cfg["reward"]["reward_manager"]["name"] == "naive"  # the manager that hands extra_fields to the reward
     assert cfg["data"]["train_files"] == str(launch.paths.train_parquet)
@@ -395,7 +395,7 @@ def test_verl_reward_scores_the_recorded_turns_not_the_text():
     """verl's reward reads the agent loop's turn record: a turn-limit notice the policy typed into
     its own turn does not excuse that turn from <think>, as it would if the text were re-parsed."""
     from ragrl.agent.protocol import TURN_LIMIT_NOTICE
-    from ragrl.train.verl.reward import compute_score
+    from ragrl.verl.reward import compute_score
 
     typed = f"<information>{TURN_LIMIT_NOTICE}</information><answer>Paris</answer>"
     text = "<think>a</think><search>q</search>\n\n<information>Doc 1</information>\n\n" + typed

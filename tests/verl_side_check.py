@@ -2,7 +2,7 @@
 
     python tests/verl_side_check.py SPEC.json REPORT.json
 
-SPEC holds the launch override list (built by ragrl.train.verl.overrides in the main venv), the
+SPEC holds the launch override list (built by ragrl.verl.overrides in the main venv), the
 policy dir, reward cases and the golds per question. Everything below is verl's own code path
 except the server manager, which in verl is a pool of vLLM/SGLang servers on GPUs: `FakeServer`
 stands in for it with the same `generate(request_id, *, prompt_ids, sampling_params)` ->

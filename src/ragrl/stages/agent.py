@@ -139,7 +139,7 @@ def rl(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out_
     """RL on the recipe's backend: our trainer here, or verl on a Ray cluster (docs/VERL.md)."""
     flags = dict(flags or {})
     if recipe.rl.get("backend", "local") == "verl":
-        from ragrl.train.verl.launch import run_verl
+        from ragrl.verl.launch import run_verl
 
         return run_verl(recipe, qa, policy, out_dir, index=flags.get("index"), bm25=flags.get("bm25"),
                         mode=flags.get("mode"), limit=limit, log_out=log_out)

@@ -55,7 +55,7 @@ class VerlPaths:
     policy: Path  # the HF checkpoint RL starts from (SFT merged, or the base policy)
     checkpoints: Path  # trainer.default_local_dir: global_step_N/actor/... (resumable)
     agent_loop_config: Path  # the YAML list naming our agent loop and its settings
-    reward_module: Path  # the file holding compute_score (ragrl/train/verl/reward.py)
+    reward_module: Path  # the file holding compute_score (ragrl/verl/reward.py)
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
         "+reward.custom_reward_function.reward_kwargs": {"weights": dict(recipe.reward), "env": recipe.env,
                                                         "plugin": recipe.plugin or ""},
         # verl's naive reward-loop manager merges the agent loop's extra_fields into extra_info:
-        # our reward reads the turn record from there (ragrl.train.verl.reward), so it is pinned
+        # our reward reads the turn record from there (ragrl.verl.reward), so it is pinned
         # rather than left to a default another verl release may change.
         "reward.reward_manager.source": "register",
         "reward.reward_manager.name": "naive",

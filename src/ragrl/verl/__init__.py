@@ -12,6 +12,10 @@ by where each module runs:
                    loaded by verl's custom-reward loader; a thin wrapper of ragrl.rewards.qa
     agent_loop.py  verl env: our protocol, environments and rollout engine as a verl AgentLoopBase
 
+A package of its own, above `ragrl.recipe` and `ragrl.methods` (it parses the recipe and looks the
+method up by name, as the stages do) and below `ragrl.stages`: under `ragrl.train` it made the
+core import the plug-ins and the plug-ins the core.
+
 Only the last two import verl; nothing here is imported by the local backend. docs/VERL.md says
 how to run it and what is tested without a GPU.
 """

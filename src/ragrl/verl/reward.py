@@ -5,7 +5,7 @@ manager calls `compute_score(data_source=..., solution_str=..., ground_truth=...
 once per trajectory, with `reward.custom_reward_function.reward_kwargs` merged in: the launcher
 puts the recipe's reward weights and environment there, so this module holds no settings.
 
-What is scored is the trajectory our agent loop (`ragrl.train.verl.agent_loop`) recorded, which
+What is scored is the trajectory our agent loop (`ragrl.verl.agent_loop`) recorded, which
 verl's reward loop hands over in `extra_info` (it merges the loop's `extra_fields` there): the
 engine's answer and its turn record, what the policy wrote and what the environment inserted,
 turn by turn. `solution_str`, the decoded response, cannot tell an <information> block the policy
@@ -21,7 +21,7 @@ from ragrl.methods import get_method
 
 
 def golds_of(ground_truth: Any) -> list[str]:
-    """verl's `reward_model.ground_truth` as written by ragrl.train.verl.data: a list of answers.
+    """verl's `reward_model.ground_truth` as written by ragrl.verl.data: a list of answers.
 
     Parquet round trips turn the list into a numpy array; a single string is one answer.
     """

@@ -40,11 +40,11 @@ from pathlib import Path
 import yaml
 
 from ragrl.io import atomic_dir, atomic_path
-from ragrl.train.verl.overrides import AGENT_NAME, VerlCluster, VerlPaths, build_overrides
+from ragrl.verl.overrides import AGENT_NAME, VerlCluster, VerlPaths, build_overrides
 from ragrl.workdir import held_fds, release_superseded
 
-REPO = Path(__file__).resolve().parents[4]
-AGENT_LOOP_TARGET = "ragrl.train.verl.agent_loop.RagrlAgentLoop"
+REPO = Path(__file__).resolve().parents[3]
+AGENT_LOOP_TARGET = "ragrl.verl.agent_loop.RagrlAgentLoop"
 # verl metric -> our train_log key (the columns results_db and the plots read)
 LOG_KEYS = {
     "critic/score/mean": "reward_mean",
@@ -175,7 +175,7 @@ def run_verl(recipe, qa: Path, policy: Path, out_dir: Path, *, index: Path | Non
 
     from ragrl.recipe import rl_config
     from ragrl.train.checkpoint import prepare_work_dir
-    from ragrl.train.verl.data import check_prompts_match_engine, write_verl_parquet
+    from ragrl.verl.data import check_prompts_match_engine, write_verl_parquet
 
     out_dir = Path(out_dir).resolve()
     python, launcher = verl_python(), launcher_script()

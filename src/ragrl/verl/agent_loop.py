@@ -39,8 +39,8 @@ from ragrl.agent.generation import row_limits
 from ragrl.agent.protocol import recorded_turns
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.recipe import parse_recipe
-from ragrl.train.verl.data import prompt_ids as template_prompt_ids
-from ragrl.train.verl.overrides import AGENT_NAME
+from ragrl.verl.data import prompt_ids as template_prompt_ids
+from ragrl.verl.overrides import AGENT_NAME
 
 # The engine blocks a thread per trajectory while it waits for generation or retrieval; verl runs
 # hundreds of trajectories per worker concurrently, more than the default executor's ~32 threads.
@@ -186,7 +186,7 @@ class RagrlAgentLoop(AgentLoopBase):
                 "turn_scores": [], "tool_rewards": [],
                 # ... and what the reward and the logs may want from the rollout itself
                 "ragrl_searches": traj.num_searches, "ragrl_stop_reason": traj.stop_reason,
-                # the turn record the reward reads (ragrl.train.verl.reward.recorded_trajectory)
+                # the turn record the reward reads (ragrl.verl.reward.recorded_trajectory)
                 "ragrl_answer": traj.answer, "ragrl_turns": turn_record(traj),
             },
         )
