@@ -263,7 +263,7 @@ def test_failed_rebuild_keeps_previous_output(tmp_path, monkeypatch):
     out = tmp_path / "model"
     out.mkdir()
     (out / "marker").write_text("old")
-    monkeypatch.setattr(tiny_model, "_save", _raise_after_tokenizer)
+    monkeypatch.setattr(tiny_model, "save_tiny_model", _raise_after_tokenizer)
     with pytest.raises(RuntimeError, match="midway"):
         build_tiny(_corpus(50), out, TinyModelSpec(vocab_size=400))
     assert [p.name for p in tmp_path.iterdir()] == ["model"]

@@ -203,11 +203,11 @@ def build_tiny(texts: Iterable[str], out_dir: str | Path, spec: TinyModelSpec = 
     tokenizer.model_max_length = spec.max_position_embeddings
     model = build_model(tokenizer, spec)
     with atomic_dir(out_dir) as tmp:
-        _save(tokenizer, model, spec, tmp)
+        save_tiny_model(tokenizer, model, spec, tmp)
     return out_dir
 
 
-def _save(tokenizer, model, spec: TinyModelSpec, directory: Path) -> None:
+def save_tiny_model(tokenizer, model, spec: TinyModelSpec, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
     model.save_pretrained(directory, safe_serialization=True)
     # Provenance: the spec is not recoverable from config.json alone (seed, requested vocab size).

@@ -59,11 +59,11 @@ from ragrl.kg.store import KGStore
 from ragrl.train.sft_data import (
     Draft,
     SFTDataStats,
-    _append_segment,
-    _encode,
-    _report,
+    append_segment,
+    encode_segment,
     finish_drafts,
     read_qa_rows,
+    report_stats,
     write_sft_data,
 )
 
@@ -253,7 +253,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
         actions = [env.parse(d.sent[turn]) for d in active]
         infos = env.respond(actions, engine.reserved, sample_ids=[d.question_id for d in active])
         for d, action, info in zip(active, actions, infos):
-            _append_segment(d, _encode(engine, d.texts[turn]), engine)
+            append_segment(d, encode_segment(engine, d.texts[turn]), engine)
             if d.dropped is not None:
                 continue
             # What the policy learns to write must parse too (it differs from what was sent when
@@ -266,7 +266,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
             if last and d.plan.answer not in (info or ""):
                 d.dropped = "answer_not_observed"
                 continue
-            obs = _encode(engine, observation(_rename(info or "", d.renames)))
+            obs = encode_segment(engine, observation(_rename(info or "", d.renames)))
             if len(obs) > engine.config.max_obs_tokens:
                 d.dropped = "observation_too_long"
                 continue
@@ -291,5 +291,5 @@ def kg_gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, store:
                                        readable_share=readable_share, readable_copies=readable_copies,
                                        restate_question=restate_question)
     write_sft_data(rows, stats, out)
-    _report(stats, out)
+    report_stats(stats, out)
     return stats.to_dict()

@@ -438,7 +438,7 @@ def pretrain(world_dir: str | Path, out_dir: str | Path, spec=None, args: Pretra
     resources/pretrained/): a model whose key matches is copied instead of retrained, and with
     `write_cache` a newly trained one is added there.
     """
-    from ragrl.toy.tiny_model import TinyModelSpec, _save, build_model, train_tokenizer
+    from ragrl.toy.tiny_model import TinyModelSpec, build_model, save_tiny_model, train_tokenizer
 
     spec = spec or TinyModelSpec()
     if args.threads:
@@ -465,7 +465,7 @@ def pretrain(world_dir: str | Path, out_dir: str | Path, spec=None, args: Pretra
     history = train_loop(model, tokenizer, corpus_examples(args.seed, args.world_people, args.distractors, reserved,
                                                            args.mix_worlds, args), args, probe)
     with atomic_dir(out_dir) as tmp:
-        _save(tokenizer, model.eval(), spec, tmp)
+        save_tiny_model(tokenizer, model.eval(), spec, tmp)
         (tmp / "pretrain_log.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history))
         write_json({"args": asdict(args), "probe_split": probe_split, "reserved_names": len(reserved),
                     "cache_key": key, "pretrain_version": PRETRAIN_VERSION}, tmp / "pretrain_args.json")

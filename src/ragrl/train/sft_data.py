@@ -150,7 +150,7 @@ def finish_drafts(drafts, answer_of, engine: RolloutEngine, stats: SFTDataStats,
     rows = []
     for d in drafts:
         if d.dropped is None:
-            _append_segment(d, _encode(engine, answer_of(d.plan)), engine, eos=append_eos)
+            append_segment(d, encode_segment(engine, answer_of(d.plan)), engine, eos=append_eos)
             _check_totals(d, engine)
         if d.dropped is not None:
             stats.dropped[d.dropped] += 1
@@ -166,7 +166,7 @@ def _search_turn(active: list[Draft], turn: int, env, recorder: _RecordingRetrie
     for d in active:
         text = planner.search_text(d.plan, turn)
         actions.append(env.parse(text))
-        _append_segment(d, _encode(engine, text), engine)
+        append_segment(d, encode_segment(engine, text), engine)
     infos = env.respond(actions, engine.reserved)
     hits = iter(recorder.last)
     for d, action, info in zip(active, actions, infos):
@@ -181,7 +181,7 @@ def _search_turn(active: list[Draft], turn: int, env, recorder: _RecordingRetrie
         if require_support and not all(_supported(d.plan.hops[h], hits) for h, hits in zip(hop_ids, shown)):
             d.dropped = "support_not_retrieved"
             continue
-        obs = _encode(engine, observation(info or ""))
+        obs = encode_segment(engine, observation(info or ""))
         if len(obs) > engine.config.max_obs_tokens:
             d.dropped = "observation_too_long"  # the engine would truncate it
             continue
@@ -193,7 +193,7 @@ def _supported(hop: Hop, hits: Sequence[dict]) -> bool:
     return hop.passage is not None and any(str(h.get("id")) == hop.passage for h in hits)
 
 
-def _append_segment(d: Draft, ids: list[int], engine: RolloutEngine, eos: bool = False) -> None:
+def append_segment(d: Draft, ids: list[int], engine: RolloutEngine, eos: bool = False) -> None:
     if d.dropped is not None:
         return
     if len(ids) > engine.config.max_turn_tokens:
@@ -215,7 +215,7 @@ def _check_totals(d: Draft, engine: RolloutEngine) -> None:
         d.dropped = "sequence_too_long"
 
 
-def _encode(engine: RolloutEngine, text: str) -> list[int]:
+def encode_segment(engine: RolloutEngine, text: str) -> list[int]:
     # The engine's own encoding: no special tokens added (the chat template wrote them already).
     return list(engine.tokenizer.encode(text, add_special_tokens=False))
 
@@ -322,7 +322,7 @@ def gold_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, planner: 
     engine = data_engine(model_dir, env, None, rollout_cfg)
     rows, stats = gold_trajectories(read_qa_rows(qa_parquet, limit), engine, planner, require_support=require_support)
     write_sft_data(rows, stats, out)
-    _report(stats, out)
+    report_stats(stats, out)
     return stats.to_dict()
 
 
@@ -340,11 +340,11 @@ def teacher_sft_stage(qa_parquet: str | Path, model_dir: str | Path, env, out: s
     finally:
         teacher.close()
     write_sft_data(rows, stats, out)
-    _report(stats, out)
+    report_stats(stats, out)
     return stats.to_dict()
 
 
-def _report(stats: SFTDataStats, out) -> None:
+def report_stats(stats: SFTDataStats, out) -> None:
     import sys
 
     print(f"[sft-data] {stats.source}: kept {stats.kept}/{stats.total} ({100 * stats.kept_share:.1f}%), "

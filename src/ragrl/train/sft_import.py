@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from ragrl.agent.protocol import INFO_CLOSE, INFO_OPEN
-from ragrl.train.sft_data import SFTDataStats, _report, sft_row, write_sft_data
+from ragrl.train.sft_data import SFTDataStats, report_stats, sft_row, write_sft_data
 
 _INFO = re.compile("(" + re.escape(INFO_OPEN) + r".*?" + re.escape(INFO_CLOSE) + ")", re.S)
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -162,5 +162,5 @@ def import_sft_stage(path: str | Path, fmt: str, model_dir: str | Path, out: str
     else:
         raise ValueError(f"unknown SFT import format {fmt!r}; expected chat_json or sft_parquet")
     write_sft_data(rows, stats, out)
-    _report(stats, out)
+    report_stats(stats, out)
     return stats.to_dict()
