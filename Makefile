@@ -1,5 +1,6 @@
-# The two commands of README: `make run` (the embedded default, CPU, minutes) and `make test`.
-# Both build or refresh .venv first; the stamp makes that a no-op when nothing changed.
+# The commands of README: `make run` (the embedded default, CPU, minutes), `make test-fast` (lint and
+# the unit tests, minutes) and `make test` (test-fast, then the rest). Each builds or refreshes
+# .venv first; the stamp makes that a no-op when nothing changed.
 
 VENV    ?= .venv
 PYTHON  ?= python3
@@ -22,7 +23,7 @@ VLLM_STAMP := $(VLLM_VENV)/.ragrl-vllm-installed
 VERL_VENV  ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.ragrl-verl-installed
 
-.PHONY: run test lint venv venvs vllm-venv verl-venv clean
+.PHONY: run test test-fast lint venv venvs vllm-venv verl-venv clean
 
 venv: $(STAMP)
 
@@ -79,9 +80,26 @@ venvs:
 # scheduler, server start-up and PyPI; a third worker's tests fill that time.
 TEST_WORKERS ?= $(shell echo $$(($(CORES) + 1)))
 
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# The two stages, by marker (registered in pyproject.toml, --strict-markers): the first is the unit
+# tests - no Snakemake run, no model server, training process or cluster, no extra venv, none over
+# ~10 s - the second the `integration` and `slow` ones. tests/test_test_stages.py checks that the
+# two select every collected test exactly once.
+FAST_TESTS := not (integration or slow)
+SLOW_TESTS := integration or slow
+
+# The fast stage alone: `snakemake --lint`, then the unit tests, mypy's check of src/
+# (tests/test_typecheck.py) among them. Needs only .venv.
+test-fast: $(STAMP)
+	snakemake --lint
+	$(BIN)/python -m pytest -q --durations=10 -m "$(FAST_TESTS)" $(XDIST)
+
+# The fast stage first (a broken import or unit test stops it there, in minutes), then the rest.
 test: venvs
+	$(MAKE) --no-print-directory test-fast
 	RAGRL_VLLM_VENV=$(abspath $(VLLM_VENV)) RAGRL_VERL_VENV=$(abspath $(VERL_VENV)) $(BIN)/python -m pytest -q --durations=25 \
-		-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+		-m "$(SLOW_TESTS)" $(XDIST)
 
 lint: $(STAMP)
 	snakemake --lint

@@ -147,6 +147,7 @@ def test_response_budget_ends_an_episode_before_the_next_document(tiny):
     assert len(t.response_ids) <= 40
 
 
+@pytest.mark.slow
 def test_a_random_policy_never_breaks_the_rollout(tiny):
     from ragrl.agent.generation import HFGenerator
 
@@ -330,6 +331,7 @@ def _carrier_recipe(t, **options):
                                      **options}}, "ag")
 
 
+@pytest.mark.slow
 def test_engine_hook_drives_constructor_episodes_for_rl_and_evaluation(tiny, monkeypatch):
     """The generic stages call `method.make_engine(...).run_rows(rows, n, seed)`; the constructor's
     engine turns QA rows into episodes, and each trajectory carries its episode for the reward."""

@@ -305,6 +305,7 @@ def _resolve(env: str) -> dict[str, str]:
     return {_norm(item["metadata"]["name"]): item["metadata"]["version"] for item in report["install"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", [e for e in ENVS if e not in OWN_PINS])
 def test_env_resolves_on_pypi(env):
     if not _pypi_reachable():

@@ -93,6 +93,7 @@ def _imports(python: Path, module: str, env: dict) -> subprocess.CompletedProces
     return _run(python, f"import {module}", env)
 
 
+@pytest.mark.slow
 def test_a_venv_made_over_the_machine_python_loses_its_torch(machine_python, tmp_path):
     """The shipped script's route, for the record: why the install goes beside the python instead."""
     subprocess.run([str(machine_python), "-m", "venv", "--without-pip", "--system-site-packages", str(tmp_path / "v")],
@@ -100,6 +101,7 @@ def test_a_venv_made_over_the_machine_python_loses_its_torch(machine_python, tmp
     assert _imports(tmp_path / "v/bin/python", "torch", {}).returncode != 0
 
 
+@pytest.mark.slow
 def test_install_only_puts_the_missing_wheel_beside_the_machine_python(machine_python, tmp_path):
     wheels = carried_wheels(tmp_path / "wheels")
     env = {"GPU_CHECK_PYTHON": str(machine_python), "GPU_CHECK_WHEELS": str(tmp_path / "wheels"),
@@ -175,6 +177,7 @@ def test_report_keeps_a_failed_part_with_its_log_tail(tmp_path):
     assert report["parts"]["slow"]["status"] == "timed out"
 
 
+@pytest.mark.slow
 def test_the_new_parts_run_through_the_script_on_cpu(machine_python, tmp_path):
     """GRPO against TRL and the generation benchmark, on the small shape, under the machine-like
     python with the PYTHONPATH the script sets: every figure lands in gpu_check.json."""

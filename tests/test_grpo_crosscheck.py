@@ -44,6 +44,7 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_both_trainers_run_and_agree_in_lock_step(tmp_path):
     s = crosscheck.Settings(steps=2, seeds=(0,))
     result = crosscheck.crosscheck(s, tmp_path)

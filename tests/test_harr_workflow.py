@@ -95,6 +95,7 @@ def test_harr_dag_makes_its_tables(tmp_path):
     assert steps["harr"] == 2 and steps["harr_no_history"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, needle", [
     ({"train": {"stepz": 2}}, "harr.train"),
     ({"encoder": {"lora_rank": 4}}, "harr.encoder"),
@@ -112,6 +113,7 @@ def test_a_bad_harr_setting_fails_the_dry_run(tmp_path, change, needle):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_the_harr_dry_run_plans_every_job(tmp_path):
     proc = _snakemake(tmp_path, harr_tiny_config(), "-n", "--quiet", "rules")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -77,6 +77,7 @@ def test_schema_documents_every_recipe_key():
         assert recipe[section]["additionalProperties"] is False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("section,bad,needle", [
     ("rollout", {"max_turnz": 2}, "recipes.search_r1.rollout.max_turnz"),
     ("sft", {"epohcs": 1}, "recipes.search_r1.sft.epohcs"),
@@ -96,6 +97,7 @@ def test_misspelled_recipe_key_fails_the_dry_run(tmp_path, section, bad, needle)
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_gold_sft_on_a_real_dataset_fails_the_dry_run_saying_what_to_set(tmp_path):
     cfg = json.loads(json.dumps(TINY))
     cfg["datasets"]["hotpotqa_example"] = {"format": "hotpotqa", "path": "resources/fixtures/qa/hotpotqa.json"}

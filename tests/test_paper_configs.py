@@ -124,6 +124,7 @@ def _assert_gpu_rules_request_gpus(out: str, config: dict, counts: dict[str, int
             assert f"gpu_model={gpu_rules[rule]['gpu_model']}" in block, block
 
 
+@pytest.mark.slow
 def test_slurm_profile_name_resolves_to_repo_profile(monkeypatch):
     # The literal `--profile slurm`, looked up as Snakemake does (working directory first), is
     # profiles/slurm and not the test cluster's profile or one in ~/.config/snakemake.
@@ -169,6 +170,7 @@ def test_recipe_settings_are_accepted(paper):
             sft_args(recipe)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("paper", PAPER, ids=lambda p: p.stem)
 def test_dry_run_resolves_whole_dag(paper, tmp_path):
     proc, seconds = _dry_run(paper, tmp_path)
@@ -201,6 +203,7 @@ def test_dry_run_resolves_whole_dag(paper, tmp_path):
     assert (tmp_path / ".snakemake").is_dir()  # Snakemake's state went to the temp dir
 
 
+@pytest.mark.slow
 def test_retrieval_gpu_reaches_every_dense_retrieval_command(tmp_path):
     # retrieval.gpu: the index build, the in-process search of RL and evaluation, and the
     # retrieval evaluation put FAISS and the query encoder on the job's GPUs (--gpu).
@@ -214,6 +217,7 @@ def test_retrieval_gpu_reaches_every_dense_retrieval_command(tmp_path):
         assert lines and all(" --gpu " in ln for ln in lines), f"`ragrl {command}` without --gpu: {lines[:2]}"
 
 
+@pytest.mark.slow
 def test_missing_data_is_reported_not_planned(tmp_path):
     # Without the user's data the plan stops at the first missing source file, naming it.
     paper = REPO / "config/paper/search_r1.yaml"
@@ -223,6 +227,7 @@ def test_missing_data_is_reported_not_planned(tmp_path):
     assert "MissingInputException" in out and "data/" in out, out[-2000:]
 
 
+@pytest.mark.slow
 def test_kg_r1_paper_config_resolves_train_and_transfer_evaluations(tmp_path):
     """KG-R1: one RL run per training KGQA set, each evaluated in-domain and zero-shot on the
     other KGs; every evaluation reads the KG its dataset names (the swapped KG server)."""
@@ -248,6 +253,7 @@ def test_kg_r1_paper_config_resolves_train_and_transfer_evaluations(tmp_path):
                      r".*--run-id kg_r1_webqsp_rl", out), "the transfer evaluation does not read the T-REx KG"
 
 
+@pytest.mark.slow
 def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path):
     """HARR: no policy recipe; filter -> two encoder trainings -> three encoders x three sets,
     every HARR job with the published Search-R1 checkpoint behind the vLLM server it starts, the
@@ -283,6 +289,7 @@ def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path
         assert "--server-log logs/harr/serve/" in line, line
 
 
+@pytest.mark.slow
 def test_knowrl_paper_config_resolves_sft_rl_and_simpleqa_evaluation(tmp_path):
     """KnowRL: their KB taken as is, their cold-start file imported, GRPO with the paper's reward
     and judge settings, the untrained, SFT and RL policies graded on SimpleQA and TruthfulQA."""
@@ -313,6 +320,7 @@ def test_knowrl_paper_config_resolves_sft_rl_and_simpleqa_evaluation(tmp_path):
     assert re.search(r"(?s)rule rl:.*?input: [^\n]*results/kb/knowrl/knowledge_base.db", out)
 
 
+@pytest.mark.slow
 def test_autograph_r1_paper_config_trains_both_rewards_with_served_models(tmp_path):
     """AutoGraph-R1: MuSiQue + HotpotQA mixed, no cold start, GRPO with R_I and with R_C, the judge
     and the reward's embedder served by vLLM servers the jobs start, then a KG from the dev

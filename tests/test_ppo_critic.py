@@ -175,6 +175,7 @@ print(json.dumps({"advantages": adv.tolist(), "returns": ret.tolist(), "vf_loss"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not VERL_VENV, reason="RAGRL_VERL_VENV is unset; `make test` builds .venv-verl and sets it")
 def test_gae_whitening_and_value_loss_match_verls_own_functions(tmp_path):
     gen = torch.Generator().manual_seed(0)
@@ -212,6 +213,7 @@ def test_gae_whitening_and_value_loss_match_verls_own_functions(tmp_path):
 # --- the trainer ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ppo_learns_toy_task(toy, tmp_path):
     model_dir, prompts, target = toy
     cfg = RLConfig(algorithm="ppo", steps=30, batch_prompts=4, group_size=8, lr=3e-3, critic_lr=1e-3, seed=0,
@@ -265,6 +267,7 @@ def _env() -> dict[str, str]:
     return dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(p for p in paths if p))
 
 
+@pytest.mark.slow
 def test_killed_ppo_run_resumes_policy_and_critic_exactly(toy, tmp_path):
     model_dir, _, _ = toy
     out = tmp_path / "run"

@@ -47,6 +47,7 @@ def test_name_filter_matches_whole_words_only():
     assert f.find("Port Aldineford") is None
 
 
+@pytest.mark.slow
 def test_default_pretraining_text_has_no_name_of_the_world(default_world):
     """Everything the default pretraining reads (tokenizer corpus and the training examples its
     steps consume) is free of the evaluation world's entity names and aliases, dev/test included."""
@@ -106,6 +107,7 @@ def test_corpus_examples_read_like_retrieval_results():
     assert answer.startswith(" ") and answer.strip()
 
 
+@pytest.mark.slow
 def test_pretrain_writes_a_loadable_model_and_its_log(default_world, tmp_path):
     import transformers
 
@@ -197,6 +199,7 @@ def test_fact_lists_ask_about_a_fact_they_state():
     assert min(lengths) == 1 and max(lengths) >= 3
 
 
+@pytest.mark.slow
 def test_a_pretrained_model_is_reused_by_its_cache_key(default_world, tmp_path):
     from ragrl.toy.tiny_model import TinyModelSpec
     from ragrl.train.pretrain import cache_key
@@ -220,6 +223,7 @@ def test_a_pretrained_model_is_reused_by_its_cache_key(default_world, tmp_path):
     assert "reused" not in (other / "pretrain_log.jsonl").read_text()
 
 
+@pytest.mark.slow
 def test_two_pretrainings_give_identical_weights(default_world, tmp_path):
     """Issue #34 F3's audit: the tokenizer, the initial weights and the corpus come from the settings'
     seeds, not from the caller's global RNG (left in a different state before each run)."""

@@ -461,6 +461,7 @@ def test_query_errors_are_one_line(built, tmp_path):
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_plots_are_png(built, tmp_path):
     paths = plot_training(built, tmp_path / "plots")
     assert [p.name for p in paths] == ["r1_training.png", "r2_training.png"]

@@ -176,6 +176,7 @@ def _dry_run_build_args(workdir: Path, config: dict) -> list[str]:
     return args
 
 
+@pytest.mark.slow
 def test_workflow_lineage_pairs_rl_with_its_sft_start(tmp_path):
     """A config of three recipes: search_r1 (SFT then RL), its twin without SFT (RL starts from the
     base policy) and kg_r1 (its own datasets); exactly these pairs come out of the DAG's lineage."""
@@ -211,6 +212,7 @@ def test_workflow_lineage_pairs_rl_with_its_sft_start(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_workflow_lineage_of_an_ablation_sharing_the_sft_start(tmp_path):
     cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
     cfg["recipes"] = {k: cfg["recipes"][k] for k in ("search_r1", "knowrl", "knowrl_no_fact")}  # search_r1: HARR's generator
@@ -445,6 +447,7 @@ def many_runs_db(root: Path, n_runs: int = 25) -> Path:
     return build(root, runs, lineage, [])
 
 
+@pytest.mark.slow
 def test_figures_are_written_and_readable(paired_db, tmp_path):
     out = tmp_path / "plots"
     paths = [plot_metrics(paired_db, out, "em"), plot_paired(paired_db, out, "em"),
@@ -471,6 +474,7 @@ def test_a_linked_run_of_another_family_is_drawn_on_the_familys_datasets_only(pa
     assert fig.axes[0].get_title() == "em · kgqa"
 
 
+@pytest.mark.slow
 def test_a_large_family_is_split_into_readable_panels(tmp_path):
     db = many_runs_db(tmp_path)
     for fig in (metrics_figure(db, "em"), paired_figure(db, "em"), family_figure(db, "fam"), reward_curves_figure(db)):
@@ -512,6 +516,7 @@ def test_a_log_without_tied_share_says_so(tmp_path):
     assert png_size(tmp_path / "plots" / "r_training.png")[0] <= 2000
 
 
+@pytest.mark.slow
 def test_cli_builds_tables_and_plots_from_the_lineage(tmp_path):
     """`ragrl results build --lineage`, `results tables` and `results plots`, as the rules run them."""
     inputs = {k: [] for k in ("runs", "evals", "predictions", "train_logs")}

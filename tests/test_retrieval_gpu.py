@@ -70,6 +70,7 @@ def test_index_build_and_search_fall_back_to_cpu_with_identical_results(shards, 
     assert err.count("retrieval.gpu is on, but this faiss build sees no GPU") == 1, err
 
 
+@pytest.mark.slow
 def test_searcher_with_gpu_setting_gives_the_cpu_hits(tmp_path, passages_path, capfd):  # noqa: F811
     from ragrl.retrieval.dense import embed_shard
     from ragrl.retrieval.encoder import Encoder

@@ -238,6 +238,7 @@ def test_read_passage_rows_reads_only_overlapping_row_groups(passages_path, monk
     assert read == [1, 2]
 
 
+@pytest.mark.slow
 def test_sharded_embedding_equals_encoding_all_at_once(passages_path, encoder, tmp_path):
     parts = []
     for s in range(3):

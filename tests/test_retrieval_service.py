@@ -94,6 +94,7 @@ def search_r1_passages2string(retrieval_result: list) -> str:
     return SearchR1Client("")._passages2string(retrieval_result)
 
 
+@pytest.mark.slow
 def test_search_r1_client_gets_the_right_passages(server):
     assert server.host == "127.0.0.1" and server.port > 0
     result = search_r1_batch_search(f"{server.url}/retrieve", QUERIES, 3)
@@ -113,6 +114,7 @@ def test_search_r1_client_gets_the_right_passages(server):
     assert first["contents"] == f"Penicillin\n{dict(PASSAGES)['Penicillin']}"
 
 
+@pytest.mark.slow
 def test_health_reports_index(server):
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["mode"] == "dense"
@@ -146,6 +148,7 @@ BAD_REQUESTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("body", "status", "message"), BAD_REQUESTS)
 def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, message):
     response = httpx.post(f"{server.url}/retrieve", content=body, headers={"content-type": "application/json"})
@@ -156,10 +159,12 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server, body, status, mes
     assert ok.json()["result"][0][0]["document"]["contents"].startswith("Penicillin\n")
 
 
+@pytest.mark.slow
 def test_wrong_method_is_4xx(server):
     assert httpx.get(f"{server.url}/retrieve").status_code == 405
 
 
+@pytest.mark.slow
 def test_concurrent_clients_are_micro_batched(server, searcher):
     before = batching(server.url)
     n_clients = 32
@@ -229,6 +234,7 @@ def test_batcher_splits_results_back_and_respects_max_batch():
         assert again["result"] == [[{"id": "fine#0", "contents": "fine\ntext"}]]
 
 
+@pytest.mark.slow
 def test_client_matches_in_process_search(server, searcher):
     before = batching(server.url)
     with RetrievalClient(server.url, batch_size=3) as client:
@@ -241,6 +247,7 @@ def test_client_matches_in_process_search(server, searcher):
     assert [q[0].title for q in hits] == [EXPECTED[q] for q in QUERIES]
 
 
+@pytest.mark.slow
 def test_client_does_not_retry_a_rejected_request(server):
     with RetrievalClient(server.url, retries=3, backoff=5.0) as client:
         with pytest.raises(RetrievalError, match=r"HTTP 400.*topk") as err:
@@ -279,6 +286,7 @@ def test_client_retries_transient_failures():
 # --- what Search-R1's and RAG-R1's unmodified trainers send (issue 16) --------------------------
 
 
+@pytest.mark.slow
 def test_empty_query_list_is_an_empty_result(server):
     # Search-R1 searches every turn, also when no trajectory searched; RAG-R1's `<search>,</search>`
     # splits into no queries at all. Its server answers {"result": []}.
@@ -286,6 +294,7 @@ def test_empty_query_list_is_an_empty_result(server):
     assert response.status_code == 200 and response.json() == {"result": []}
 
 
+@pytest.mark.slow
 def test_blank_queries_are_searched_and_do_not_fail_the_others(server, searcher):
     queries = [QUERIES[0], "", "   ", QUERIES[1]]
     result = search_r1_batch_search(f"{server.url}/retrieve", queries, 2)
@@ -297,6 +306,7 @@ def test_blank_queries_are_searched_and_do_not_fail_the_others(server, searcher)
     assert len(result[2]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("topk", "expected"), [(0, 3), (None, 3), ("2", 2), (" 4 ", 4), (2.0, 2)])
 def test_topk_is_read_as_search_r1_reads_it(server, topk, expected):
     body = {"queries": [QUERIES[0]], "return_scores": True, **({} if topk is None else {"topk": topk})}

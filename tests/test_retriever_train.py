@@ -138,6 +138,7 @@ def _real_rollout(policy, index, kill_at):
     return rollout
 
 
+@pytest.mark.slow
 def test_the_real_encoder_trains_reproducibly_and_a_resumed_run_ends_where_an_uninterrupted_one_does(
         minilm, tmp_path):
     """Issue #34 F3: get_peft_model drew LoRA A from the unseeded global generator, so two runs of one

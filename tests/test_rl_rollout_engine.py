@@ -47,6 +47,7 @@ def tiny(tmp_path_factory):
             world, model_dir, transformers.AutoTokenizer.from_pretrained(model_dir), root)
 
 
+@pytest.mark.slow
 def test_one_rl_steps_hf_rollouts_go_out_as_one_batch_per_turn(tiny, tmp_path):
     max_turns, group, prompts = 2, 3, 4
     recipe = parse_recipe({"env": "search", "topk": 2, "rollout": {

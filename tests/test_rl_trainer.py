@@ -200,6 +200,7 @@ def test_two_uninterrupted_runs_give_identical_weights(toy, tmp_path):
     assert logs[0] == logs[1] and len(logs[0]) == 3
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_continues_exactly(toy, tmp_path):
     model_dir, _, _ = toy
     out = tmp_path / "run"
@@ -291,6 +292,7 @@ def _launch(model_dir, out, targets, cfg) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
 
 
+@pytest.mark.slow
 def test_deepspeed_zero2_two_cpu_processes(toy, tmp_path):
     model_dir, _, _ = toy
     out = tmp_path / "ds"

@@ -540,6 +540,7 @@ def test_hf_backend_left_padding_matches_unbatched_greedy(tiny):
     assert batched == single
 
 
+@pytest.mark.slow
 def test_hf_backend_growing_cache_generates_what_transformers_cache_does(tiny, monkeypatch):
     # The in-place KV cache must not change a single token: greedy and seeded sampling, rows of
     # different lengths (left padding), and enough new tokens for its buffer to grow twice.

@@ -138,6 +138,7 @@ def vllm_env(monkeypatch, tmp_path):
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_teacher_served_by_the_sft_data_job_and_stopped_when_it_fails(tiny, tmp_path, vllm_env, capfd):
     """The teacher SFT route with no base_url: sft_data starts vLLM on the tiny model and rolls 4
@@ -165,6 +166,7 @@ def test_teacher_served_by_the_sft_data_job_and_stopped_when_it_fails(tiny, tmp_
     assert "--served-model-name teacher" in text.splitlines()[0]
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_server_started_healthy_used_and_stopped(tiny, tmp_path, vllm_env, capfd):
     from ragrl.agent.generation import OpenAICompletionsGenerator
@@ -201,6 +203,7 @@ with model_server(spec) as url:
 """
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_server_stopped_when_the_job_gets_sigterm(tiny, tmp_path, vllm_env):
     # What Snakemake (Ctrl-C) and scancel do to a running job: SIGTERM to its process.

@@ -352,6 +352,7 @@ def test_group_by_length_batches_similar_lengths(tiny, gold_parquet, tmp_path):
 # --------------------------------------------------------------------------- training and merging
 
 
+@pytest.mark.slow
 def test_sft_lowers_the_assistant_token_loss(tiny, gold_parquet, tmp_path):
     rows = pq.read_table(gold_parquet).to_pylist()
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny.model_dir, dtype=torch.float32).eval()
@@ -367,6 +368,7 @@ def test_sft_lowers_the_assistant_token_loss(tiny, gold_parquet, tmp_path):
     assert any("loss" in r for r in log) and log[-1]["step"] == 8
 
 
+@pytest.mark.slow
 def test_lora_adapter_merge_equals_base_plus_adapter(tiny, gold_parquet, tmp_path):
     from peft import PeftModel
 
@@ -396,6 +398,7 @@ def test_lora_adapter_merge_equals_base_plus_adapter(tiny, gold_parquet, tmp_pat
         assert (copied / name).read_bytes() == (tiny.model_dir / name).read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_runs_of_one_sft_give_identical_weights(tiny, gold_parquet, tmp_path, lora):
     """Issue #34 F3's audit: LoRA init, dropout and data order all come from sft.seed, not from the

@@ -135,6 +135,7 @@ def report(launch):
 # --------------------------------------------------------------------------- in the verl venv
 
 
+@pytest.mark.slow
 @needs_verl
 def test_verl_imports(report):
     assert report["verl_version"].startswith("0.9."), report["verl_version"]
@@ -142,6 +143,7 @@ def test_verl_imports(report):
     assert (major, minor) < (5, 11), report["transformers"]  # verl 0.9's pin, the reason for the separate venv
 
 
+@pytest.mark.slow
 @needs_verl
 def test_reward_through_verls_loader(report):
     assert report["reward_fn"] == "_call_with_kwargs"  # verl's wrapper that merges reward_kwargs
@@ -160,6 +162,7 @@ def _recorded(text):
     return {"ragrl_answer": extract_answer(text), "ragrl_turns": [asdict(t) for t in parse_turns(text)]}
 
 
+@pytest.mark.slow
 @needs_verl
 def test_rlhf_dataset_reads_our_parquet(launch, report):
     rows = report["dataset"]
@@ -224,6 +227,7 @@ def _check_trajectory(t, tok, max_response):
     assert t["response_logprobs"] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 @needs_verl
 def test_agent_loop_scripted_search_and_answer(launch, report):
     trajs = report["scripted"]["trajectories"]
@@ -244,6 +248,7 @@ def test_agent_loop_scripted_search_and_answer(launch, report):
                                            add_generation_prompt=True), add_special_tokens=False)
 
 
+@pytest.mark.slow
 @needs_verl
 def test_agent_loop_on_the_tiny_policy_masks_observations(launch, report):
     trajs = report["tiny"]["trajectories"]
@@ -260,6 +265,7 @@ def test_agent_loop_on_the_tiny_policy_masks_observations(launch, report):
     assert generated > 0 and observed > 0  # an untrained policy writes junk: invalid-action observations
 
 
+@pytest.mark.slow
 @needs_verl
 def test_launch_overrides_compose_with_hydra(launch):
     proc = _run([_verl_python(), "-m", "verl.trainer.main_ppo", *launch.overrides, "--cfg", "job"],
@@ -284,6 +290,7 @@ def test_launch_overrides_compose_with_hydra(launch):
     assert cfg["trainer"]["resume_mode"] == "auto"
 
 
+@pytest.mark.slow
 @needs_verl
 def test_a_wrong_override_fails_hydra(launch):
     """The --cfg job check has teeth: a key verl's config lacks is refused."""

@@ -59,10 +59,11 @@ MAX_MODEL_LEN = 2048
 # Cold start on 2 shared cores is about a minute (imports dominate); generous for a loaded CI box.
 STARTUP_TIMEOUT_S = float(os.environ.get("RAGRL_VLLM_STARTUP_TIMEOUT_S", "600"))
 
-pytestmark = pytest.mark.skipif(
+# slow: a vLLM server from .venv-vllm; `make test`'s second stage, which sets RAGRL_VLLM_VENV.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not VLLM_PYTHON.exists(),
     reason=f"no vLLM virtualenv at {VLLM_VENV}; create it with `scripts/vllm_venv.sh` (about 3 min, 3.4 GB)",
-)
+)]
 
 
 # --------------------------------------------------------------------------- the server

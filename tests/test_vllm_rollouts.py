@@ -47,10 +47,11 @@ MAX_MODEL_LEN = 2048
 # fp32 on both sides; vLLM's CPU kernels sum in another order than torch's.
 ATOL = 2e-4
 
-pytestmark = pytest.mark.skipif(
+# slow: a vLLM server from .venv-vllm; `make test`'s second stage, which sets RAGRL_VLLM_VENV.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not VLLM_PYTHON.exists(),
     reason=f"no vLLM virtualenv at {VLLM_VENV}; create it with `scripts/vllm_venv.sh` (about 3 min, 3.4 GB)",
-)
+)]
 
 
 @pytest.fixture(scope="module")

@@ -243,6 +243,7 @@ def _assert_autograph_outputs(tmp_path: Path, log: str, con) -> None:
     assert all(f"graph_{g}" in table for g in GRAPHS) and "±" in table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "config,needle",
     [

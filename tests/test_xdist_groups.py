@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Runs after conftest's hook and prints what xdist would schedule by: node id, group.
@@ -70,6 +72,7 @@ def test_uses_the_server(server, i):
 '''
 
 
+@pytest.mark.slow
 def test_a_module_fixture_starts_once_on_real_workers(tmp_path):
     """The scheduling itself, not only the marks: eight tests sharing a module fixture, run by
     `pytest -n 2 --dist loadgroup` with this conftest, all run on one worker and start it once
