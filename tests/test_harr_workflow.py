@@ -118,6 +118,7 @@ def test_the_harr_dry_run_plans_every_job(tmp_path):
     proc = _snakemake(tmp_path, harr_tiny_config(), "-n", "--quiet", "rules")
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = dict(re.findall(r"^(harr_\w+)\s+(\d+)$", proc.stdout, re.M))
-    assert counts == {"harr_filter": "1", "harr_train": "2", "harr_eval": "3", "harr_recall": "3", "harr_manifest": "3"}
+    # four evaluated runs (frozen, frozen on history-aware states, HARR, no-history), two trained
+    assert counts == {"harr_filter": "1", "harr_train": "2", "harr_eval": "4", "harr_recall": "4", "harr_manifest": "4"}
     # A run-named generator is built first: its recipe's SFT and merge are in the plan.
     assert re.search(r"^merge_sft\s+1$", proc.stdout, re.M) and re.search(r"^sft\s+1$", proc.stdout, re.M), proc.stdout
