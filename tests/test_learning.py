@@ -117,7 +117,7 @@ def rl_one_hop_gain(work, out, seed: int = 0) -> tuple[float, float, float, int]
            "--dataset", "world_test", "--qa", str(test), "--model", str(out / "merged"), "--run-id", "rl_1hop",
            "--max-questions", "0", "--batch-size", "50", "--out", str(out / "eval"))
     rl = pl.read_parquet(out / "eval/world_test/predictions.parquet").sort("id")
-    before = pl.read_parquet(work / EVAL / "world_test/predictions.parquet").filter(pl.col("id").is_in(rl["id"]))
+    before = pl.read_parquet(work / EVAL / "world_test/predictions.parquet").filter(pl.col("id").is_in(rl["id"].to_list()))
     before = before.sort("id")
     assert before["id"].to_list() == rl["id"].to_list() and rl.height > 0
     diff, low, high = paired_bootstrap(rl["em"].to_list(), before["em"].to_list())

@@ -255,7 +255,7 @@ def test_kg_r1_paper_config_resolves_train_and_transfer_evaluations(tmp_path):
 
 @pytest.mark.slow
 def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path):
-    """HARR: no policy recipe; filter -> two encoder trainings -> three encoders x three sets,
+    """HARR: no policy recipe; filter -> two encoder trainings -> four evaluated runs x three sets,
     every HARR job with the published Search-R1 checkpoint behind the vLLM server it starts, the
     authors' settings, and the GPUs the cluster profile asks for."""
     config = _merged(HARR_PAPER)
@@ -275,7 +275,7 @@ def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path
     assert seconds < 60, f"dry run took {seconds:.1f} s"
     counts = _job_counts(out)
     expected = {"corpus": 1, "qa": 4, "embed_shard": 16, "index": 1, "harr_filter": 1, "harr_train": 2,
-                "harr_eval": 9, "harr_manifest": 3, "results_db": 1, "results_tables": 1}
+                "harr_eval": 12, "harr_manifest": 4, "results_db": 1, "results_tables": 1}
     for rule, n in expected.items():
         assert counts.get(rule) == n, f"{rule}: {counts.get(rule)} jobs planned, expected {n}; plan: {counts}"
     for rule in ("harr_recall", "rl", "sft", "eval", "pretrain", "tiny_model", "policy_generate"):
@@ -283,7 +283,7 @@ def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path
     _assert_gpu_rules_request_gpus(out, config, counts)
     model = config["harr"]["generator"]["model"]
     commands = [ln for ln in out.splitlines() if re.search(r"python -m ragrl harr-(filter|train|eval) ", ln)]
-    assert len(commands) == 12, len(commands)
+    assert len(commands) == 1 + 2 + 12, len(commands)  # filter, two trainings, 4 runs x 3 sets
     for line in commands:
         assert f"--generator {model} " in line and "--generator-endpoint" in line and '"serve"' in line, line
         assert "--server-log logs/harr/serve/" in line, line
