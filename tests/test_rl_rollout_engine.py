@@ -26,11 +26,9 @@ from ragrl.agent.vllm_sync import WEIGHTS_FILE, RolloutEngineUnavailable, write_
 from ragrl.recipe import parse_recipe
 from ragrl.serving import PYTHON_ENV, ServerStartError
 from ragrl.stages.agent_rl import hf_generators, make_rollout_fn, rollout_engine
-from ragrl.toy.tiny_model import build_tiny
-from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.train.rl import RLConfig, train_rl
 from rl_toy import one_torch_thread
-from test_rollout import SPEC, FakeRetriever
+from test_rollout import FakeRetriever, world_and_model
 from test_vllm_backend import FirstTurnSearches
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,9 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("rl_engine")
-    world = generate_world(3, 30)
-    write_world(world, root / "world")
-    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    world, model_dir = world_and_model(root)
     with one_torch_thread():
         yield dataclasses.make_dataclass("Tiny", ["world", "model_dir", "tok", "root"])(
             world, model_dir, transformers.AutoTokenizer.from_pretrained(model_dir), root)

@@ -39,12 +39,17 @@ SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=
 # --------------------------------------------------------------------------- fixtures and fakes
 
 
+def world_and_model(root, spec=SPEC):
+    """The 3 x 30 toy world under root/world and a tiny model built on its text under root/model."""
+    world = generate_world(3, 30)
+    write_world(world, root / "world")
+    return world, build_tiny(world_text(root / "world"), root / "model", spec)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout")
-    world = generate_world(3, 30)
-    write_world(world, root / "world")
-    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    world, model_dir = world_and_model(root)
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     rows = [r for r in world.qa["train"] if r["golden_answers"]]
     # One intra-op thread: the model is tiny, and on a shared 2-core machine a second thread mostly

@@ -33,11 +33,9 @@ from ragrl.agent.environments import SearchEnvironment
 from ragrl.agent.vllm_sync import RELOAD_METHOD, SERVED_NAME, VLLMPolicyServer, write_weights
 from ragrl.recipe import parse_recipe
 from ragrl.stages.agent_rl import group_rollouts, rollout_engine, rollout_generators
-from ragrl.toy.tiny_model import build_tiny
-from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.train.rl import RLConfig, Sample, collate, score, train_rl
 from rl_toy import one_torch_thread
-from test_rollout import SPEC, FakeRetriever
+from test_rollout import FakeRetriever, world_and_model
 from test_vllm_backend import FirstTurnSearches
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,9 +55,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_rl")
-    world = generate_world(3, 30)
-    write_world(world, root / "world")
-    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    world, model_dir = world_and_model(root)
     serve = {
         # float32 like the trainer; eager: no torch.compile warm-up (half the start-up on CPU).
         "args": ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",

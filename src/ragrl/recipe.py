@@ -224,9 +224,20 @@ def _check_serve(serve, has_url: bool, key: str) -> None:
                          "starts) exclude each other; keep one")
     if serve is True:
         return
-    spec = _typed(serve, SERVE_KEYS, f"{key}.serve")
-    if not all(isinstance(a, str) for a in spec.get("args", [])):
-        raise ValueError(f"config key '{key}.serve.args': vLLM server arguments must be strings, got {spec['args']!r}")
+    _check_server_args(_typed(serve, SERVE_KEYS, f"{key}.serve").get("args", []), f"{key}.serve.args")
+
+
+def _check_server_args(args, key: str, reserved: tuple[str, ...] = ()) -> None:
+    """vLLM server arguments: strings, none overriding an option in `reserved` that the job sets."""
+    if not all(isinstance(a, str) for a in args):
+        raise ValueError(f"config key '{key}': vLLM server arguments must be strings, got {args!r}")
+    for arg in args:
+        # argparse also reads an unambiguous prefix (`--hos`) as the option, and `_` as `-`.
+        name = arg.split("=", 1)[0].replace("_", "-")
+        hit = [r for r in reserved if len(name) > 2 and r.startswith(name)]
+        if hit:
+            raise ValueError(f"config key '{key}': {arg!r} would override {hit[0]}, which "
+                             "the RL job sets itself (the server listens on 127.0.0.1, on a free port it picks)")
 
 
 def _check_rl_route(recipe: Recipe) -> None:
@@ -245,16 +256,7 @@ def _check_rl_route(recipe: Recipe) -> None:
         raise ValueError(f"config key '{key}.rollout_engine': the {backend!r} backend generates its own rollouts; "
                          "rollout_engine and rollout_serve are settings of the local trainer")
     serve = _typed(recipe.rl.get("rollout_serve"), ROLLOUT_SERVE_KEYS, f"{key}.rollout_serve")
-    if not all(isinstance(a, str) for a in serve.get("args", [])):
-        raise ValueError(f"config key '{key}.rollout_serve.args': vLLM server arguments must be strings, "
-                         f"got {serve['args']!r}")
-    for arg in serve.get("args", []):
-        # argparse also reads an unambiguous prefix (`--hos`) as the option, and `_` as `-`.
-        name = arg.split("=", 1)[0].replace("_", "-")
-        reserved = [r for r in ROLLOUT_SERVE_RESERVED_ARGS if len(name) > 2 and r.startswith(name)]
-        if reserved:
-            raise ValueError(f"config key '{key}.rollout_serve.args': {arg!r} would override {reserved[0]}, which "
-                             "the RL job sets itself (the server listens on 127.0.0.1, on a free port it picks)")
+    _check_server_args(serve.get("args", []), f"{key}.rollout_serve.args", ROLLOUT_SERVE_RESERVED_ARGS)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in serve.get("env", {}).items()):
         raise ValueError(f"config key '{key}.rollout_serve.env': environment variables must map strings to "
                          f"strings, got {serve['env']!r}")

@@ -50,7 +50,6 @@ EXT_MODULE = "ragrl_vllm_worker"
 EXT_CLASS = f"{EXT_MODULE}.RagrlWeightSync"
 RELOAD_METHOD = "ragrl_reload_weights"
 DEFAULT_ARGS = ("--generation-config", "vllm")
-DEFAULT_STARTUP_TIMEOUT_S = 900
 
 
 class RolloutEngineUnavailable(RuntimeError):
@@ -178,7 +177,7 @@ def server_spec(policy: str | Path, work_dir: Path, serve: Mapping, python: str)
     return ServerSpec(
         model=str(policy), served_name=SERVED_NAME, log=work_dir / "vllm.log", python=python,
         args=(*DEFAULT_ARGS, "--worker-extension-cls", EXT_CLASS, *serve.get("args", ())), env=env,
-        startup_timeout_s=float(serve.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)),
+        startup_timeout_s=float(serve.get("startup_timeout_s", ServerSpec.startup_timeout_s)),
     )
 
 

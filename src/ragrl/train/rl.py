@@ -272,17 +272,15 @@ def progress_line(rec: dict[str, Any], steps: int) -> str:
 # --- model plumbing ----------------------------------------------------------------------------
 
 
+def forward(model, batch: dict[str, torch.Tensor], **extra):
+    """The model over a collated batch (left-padded prompts, so positions come from the mask)."""
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                 position_ids=batch["position_ids"], use_cache=False, **extra)
+
+
 def response_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Logits that predict each response token, [B, R, V]; only those rows go through lm_head."""
-    r_len = batch["response_ids"].shape[1]
-    out = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-        logits_to_keep=r_len + 1,
-    )
-    return out.logits[:, :-1]
+    return forward(model, batch, logits_to_keep=batch["response_ids"].shape[1] + 1).logits[:, :-1]
 
 
 def chunkable_head(model) -> torch.nn.Linear | None:
@@ -318,13 +316,7 @@ def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module
 
     handle = head.register_forward_pre_hook(keep_input)
     try:
-        out = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-            logits_to_keep=r_len + 1,
-        )
+        out = forward(model, batch, logits_to_keep=r_len + 1)
     finally:
         handle.remove()
     if len(kept) != 1 or kept[0].shape[1] != r_len + 1:
@@ -392,12 +384,7 @@ def critic_values(critic, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     the same alignment as response_logits (verl: values[:, -response_length - 1 : -1]).
     """
     r_len = batch["response_ids"].shape[1]
-    out = critic(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-    )
+    out = forward(critic, batch)
     return out.logits[:, -r_len - 1 : -1, 0].float()
 
 
