@@ -10,7 +10,19 @@ from __future__ import annotations
 import os
 
 
-class DataFormatError(ValueError):
+class RagrlError(Exception):
+    """The base of every failure the user can fix: bad input or config, a busy work directory, an
+    endpoint that answered nothing usable. The CLI prints such an error's message on one line and
+    exits 2 (`ragrl --debug ...` prints the traceback too); any other exception is a bug and keeps
+    its traceback."""
+
+
+class InputError(RagrlError, ValueError):
+    """A value in the user's config, recipe or input files is wrong. Also a ValueError, so that code
+    and tests that catch ValueError around settings and readers keep working."""
+
+
+class DataFormatError(InputError):
     """A malformed input record.
 
     `line` is 1-based (None where the format has no useful line numbers, e.g. a JSON array read
