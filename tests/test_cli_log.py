@@ -13,7 +13,8 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 _SCRIPT = """
 import sys
 import ragrl.cli as cli
-cli._cmd_world = lambda args: sys.stderr.write("progress 100%|##########| 3/3\\r")
+import ragrl.cli.models
+ragrl.cli.models._cmd_world = lambda args: sys.stderr.write("progress 100%|##########| 3/3\\r")
 sys.exit(cli.main(["world", "--seed", "1", "--out", "unused"]))
 """
 

@@ -226,9 +226,12 @@ def _command_function(argv: list[str]):
 
 def _command_imports(argv: list[str]) -> set[str]:
     func = _command_function(argv)
-    cli = ast.parse((SRC / "ragrl/cli.py").read_text())
-    helpers = {n.name: n for n in cli.body if isinstance(n, ast.FunctionDef)}
-    # the command's function and the cli.py helpers it calls (e.g. _agent_stages), transitively
+    # The CLI package's modules: building the parser imports every one of them (one per group).
+    modules = {path.stem: ast.parse(path.read_text()) for path in sorted((SRC / "ragrl/cli").glob("*.py"))
+               if path.stem != "__main__"}
+    # Helper names are unique across the package (ragrl.cli.common's are imported by name).
+    helpers = {n.name: n for tree in modules.values() for n in tree.body if isinstance(n, ast.FunctionDef)}
+    # the command's function and the CLI helpers it calls (e.g. load_recipe), transitively
     body, todo, seen = [], [func.__name__], set()
     while todo:
         name = todo.pop()
@@ -240,9 +243,11 @@ def _command_imports(argv: list[str]) -> set[str]:
     tree = ast.Module(body=body, type_ignores=[])
     # ragrl.cli's module-level imports run for every command; of its lazy imports only the
     # command's own function's count (the module is not followed as a whole).
-    module_level = ast.Module(body=[n for n in cli.body if isinstance(n, (ast.Import, ast.ImportFrom))],
-                              type_ignores=[])
-    return _closure(["ragrl", *_imports(module_level, "ragrl"), *_imports(tree, "ragrl")])
+    module_level = ast.Module(body=[n for tree in modules.values() for n in tree.body
+                                    if isinstance(n, (ast.Import, ast.ImportFrom))], type_ignores=[])
+    # The package's own modules are not followed as a whole either: the helpers above stand for them.
+    outside = [m for m in _imports(module_level, "ragrl.cli") if m != "ragrl.cli" and not m.startswith("ragrl.cli.")]
+    return _closure(["ragrl", *outside, *_imports(tree, "ragrl.cli")])
 
 
 @lru_cache(maxsize=None)

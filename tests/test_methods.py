@@ -16,7 +16,8 @@ from test_workflow import REPO, TINY, _snakemake
 
 PLUGIN = REPO / "tests/plugins/direct_answer.py"
 # The generic layers: they look methods up and must never branch on one's name.
-GENERIC = [REPO / "src/ragrl/cli.py", REPO / "Snakefile", *sorted((REPO / "src/ragrl/stages").glob("*.py")),
+GENERIC = [*sorted((REPO / "src/ragrl/cli").glob("*.py")), REPO / "Snakefile",
+           *sorted((REPO / "src/ragrl/stages").glob("*.py")),
            *sorted((REPO / "src/ragrl/eval").glob("*.py")), *sorted((REPO / "rules").glob("*.smk")),
            *sorted((REPO / "src/ragrl/verl").glob("*.py"))]
 

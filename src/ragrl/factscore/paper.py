@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from ragrl.errors import RagrlError
 from ragrl.factscore.core import FactScorer, FactVerdict
 from ragrl.replies import DEAD_RUN, ReplyTally
 
@@ -38,7 +39,7 @@ PROMPTS = Path(__file__).resolve().parents[3] / "resources" / "knowrl" / "prompt
 GRADES = ("correct", "incorrect", "not_attempted", "unparsed")
 
 
-class EndpointError(RuntimeError):
+class EndpointError(RagrlError, RuntimeError):
     """The endpoint answered with something that is not a chat completion."""
 
 

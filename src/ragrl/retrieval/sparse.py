@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_dir, write_json
 from ragrl.paths import relative_to_dir
 from ragrl.progress import progress
@@ -41,7 +42,7 @@ def load_stemmer(name: str | None):
     except ImportError:
         if name == "auto":
             return None
-        raise RuntimeError(f"BM25 stemmer {name!r} needs the PyStemmer package, which is not installed") from None
+        raise InputError(f"BM25 stemmer {name!r} needs the PyStemmer package, which is not installed") from None
     return Stemmer.Stemmer("english" if name == "auto" else name)
 
 

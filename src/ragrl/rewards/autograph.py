@@ -18,6 +18,8 @@ import re
 from collections.abc import Sequence
 from importlib import resources
 
+from ragrl.errors import RagrlError
+
 # The terms an episode's score is made of live in ragrl.kg.graph_scoring, beside the episodes
 # (ragrl.kg.constructor) that use them: here they made ragrl.kg and ragrl.rewards import each other.
 from ragrl.kg.graph_scoring import (  # noqa: F401  (re-exported)
@@ -81,7 +83,7 @@ def verdict_stated(text: str) -> bool:
     return read_verdict(text) or re.search(r"\bno\b", text.lower()) is not None
 
 
-class JudgeError(RuntimeError):
+class JudgeError(RagrlError, RuntimeError):
     """The judge endpoint failed or answered something that is not a chat completion."""
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from ragrl.cli import main
+
+sys.exit(main())
