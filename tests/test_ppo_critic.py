@@ -150,7 +150,7 @@ def test_kl_k1_is_the_plain_log_ratio():
     ({"algorithm": "ppo", "turn_advantage_weight": 0.5}, "no turn_advantage_weight"),
     ({"algorithm": "ppo", "filter_tied_groups": True}, "no filter_tied_groups"),
     ({"algorithm": "ppo", "lam": 1.5}, "must be in [0, 1]"),
-    ({"algorithm": "ppo", "cliprange_value": 0.0}, "cliprange_value and critic_lr must be > 0"),
+    ({"algorithm": "ppo", "cliprange_value": 0.0}, "cliprange_value=0.0 must be > 0"),
 ])
 def test_config_rejects_what_ppo_cannot_do(values, needle):
     with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):

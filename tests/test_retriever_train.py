@@ -85,7 +85,7 @@ def test_resume_after_a_kill_matches_the_uninterrupted_run(tmp_path):
 
 
 def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="group_size must be >= 2"):
+    with pytest.raises(ValueError, match="group_size=1 must be >= 2"):
         RetrieverTrainConfig(group_size=1)
     with pytest.raises(ValueError, match="steps=0"):
         RetrieverTrainConfig(steps=0)

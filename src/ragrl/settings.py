@@ -1,16 +1,24 @@
 """The typed settings of the training and rollout stages, standard library only.
 
-A recipe's `rollout`, `sft` and `rl` sections map onto these dataclasses key for key. They live
-here, not next to the code that uses them, so that the workflow (`rules/common.smk`) can check a
-whole recipe before any job starts without importing torch, and so that the schema, the
-validation and the stages read one list of keys (tests/test_recipe.py checks the schema against
-these fields).
+A recipe's `rollout`, `sft` and `rl` sections and HARR's `environment`, `encoder` and `train` map
+onto these dataclasses key for key. They live here, not next to the code that uses them, so that
+the workflow (`rules/common.smk`) can check a whole recipe before any job starts without importing
+torch.
+
+Each setting is declared once, with `setting()`: its default, help text, bounds and choices. The
+checks in `__post_init__` (`check_settings`) and the matching blocks of
+config/schemas/config.schema.yaml (`schema_fragment`, written by scripts/gen_schema.py) are read
+off that declaration; only checks across fields are written out by hand.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from types import NoneType, UnionType
+from typing import Any, ClassVar
+
+from ragrl.errors import InputError
 
 # RL: advantage estimators and loss aggregations the core implements (ragrl.train.losses).
 # grpo and ppo_clip are critic-free; ppo trains a value model (critic) and takes GAE advantages.
@@ -19,33 +27,124 @@ ALGORITHMS = ("grpo", "ppo_clip", "ppo")
 # (verl's algorithm.kl_penalty "kl", what Search-R1's and RAG-R1's PPO put into the reward).
 KL_ESTIMATORS = ("k3", "k1")
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "grpo", "dr_grpo")
+MIXED_PRECISION = ("no", "bf16")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+_OPERATORS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def setting(default: Any = MISSING, *, help: str, ge: float | None = None, gt: float | None = None,
+            le: float | None = None, lt: float | None = None, choices: tuple | None = None) -> Any:
+    """A dataclass field with its help text, bounds and choices, which `check_settings` and
+    `schema_fragment` read. None passes the checks: where the annotation admits it, it means unset."""
+    if (ge is not None and gt is not None) or (le is not None and lt is not None):
+        raise TypeError("a setting takes at most one lower and one upper bound")
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    metadata: dict[str, Any] = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
+    if choices is not None:
+        metadata["choices"] = tuple(choices)
+    return field(default=default, metadata=metadata)
+
+
+def _rule(meta: typing.Mapping[str, Any]) -> str | None:
+    """The bounds as the error message states them: `>= 1`, `> 0`, `in [0, 1]`, `in (0, 1]`."""
+    low = next(((k, meta[k]) for k in ("ge", "gt") if k in meta), None)
+    high = next(((k, meta[k]) for k in ("le", "lt") if k in meta), None)
+    if low and high:
+        return f"in {'[' if low[0] == 'ge' else '('}{low[1]}, {high[1]}{']' if high[0] == 'le' else ')'}"
+    if low or high:
+        op, bound = low or high
+        return f"{_OPERATORS[op]} {bound}"
+    return None
+
+
+def _within(value: Any, meta: typing.Mapping[str, Any]) -> bool:
+    return (("ge" not in meta or value >= meta["ge"]) and ("gt" not in meta or value > meta["gt"])
+            and ("le" not in meta or value <= meta["le"]) and ("lt" not in meta or value < meta["lt"]))
+
+
+def check_settings(settings: Any, *problems: str) -> None:
+    """Raise InputError naming every value outside its setting's bounds or choices, as
+    `rl.steps=0 must be >= 1`, followed by `problems` (the cross-field checks of the caller)."""
+    key = type(settings).KEY
+    found = []
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if value is None:
+            continue
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            found.append(f"{key}.{f.name}={value!r} must be one of {choices}")
+        rule = _rule(f.metadata)
+        if rule is not None and not _within(value, f.metadata):
+            found.append(f"{key}.{f.name}={value!r} must be {rule}")
+    found.extend(problems)
+    if found:
+        raise InputError("; ".join(found))
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    """The JSON-schema type of an annotation: int, float, bool, str, tuple[str, ...], their unions
+    and `| None`."""
+    members = typing.get_args(hint) if isinstance(hint, UnionType) else (hint,)
+    types: list[str] = []
+    items = None
+    for member in members:
+        if member is NoneType:
+            types.append("null")
+        elif typing.get_origin(member) is tuple:
+            types.append("array")
+            items = _json_type(typing.get_args(member)[0])
+        else:
+            types.append(_JSON_TYPES[member])
+    out: dict[str, Any] = {"type": types[0] if len(types) == 1 else types}
+    if items is not None:
+        out["items"] = items
+    return out
+
+
+def schema_fragment(cls: type) -> dict[str, dict[str, Any]]:
+    """The JSON-schema `properties` of a settings dataclass, key by key: type (from the annotation;
+    `enum` instead where the setting has choices), bounds, description and default."""
+    hints = typing.get_type_hints(cls)
+    keywords = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+    out = {}
+    for f in fields(cls):
+        meta = f.metadata
+        if "choices" in meta:
+            prop: dict[str, Any] = {"enum": list(meta["choices"])}
+        else:
+            prop = _json_type(hints[f.name])
+        prop.update({keywords[k]: meta[k] for k in _OPERATORS if k in meta})
+        prop["description"] = meta["help"]
+        prop["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+        out[f.name] = prop
+    return out
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    max_turns: int = 4  # tool turns; one forced answer turn may follow
-    max_turn_tokens: int = 512
-    max_response_tokens: int = 2048
-    max_context_tokens: int = 8192
-    max_obs_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1  # samples per prompt (a GRPO group)
-    seed: int | None = 0
-    forced_answer_prefill: bool = True
-    # Prompt text with {question} (and {max_queries}) placeholders; None: the Search-R1 style
-    # default of the environment (protocol.DEFAULT_INSTRUCTION / DEFAULT_MULTI_QUERY_INSTRUCTION).
-    instruction: str | None = None
+    KEY: ClassVar[str] = "rollout"
+
+    max_turns: int = setting(4, ge=0, help="tool turns; one forced answer turn may follow")
+    max_turn_tokens: int = setting(512, ge=1, help="generated tokens per turn")
+    max_response_tokens: int = setting(2048, ge=1, help="generated + observation tokens")
+    max_context_tokens: int = setting(8192, ge=1, help="prompt + response")
+    max_obs_tokens: int = setting(512, ge=1, help="one observation, closing tag kept")
+    temperature: float = setting(1.0, ge=0, help="sampling temperature")
+    top_p: float = setting(1.0, gt=0, le=1, help="nucleus sampling: the most likely tokens of this total probability")
+    n: int = setting(1, ge=1, help="samples per prompt (a GRPO group; RL sets the group size)")
+    seed: int | None = setting(0, help="sampling seed; null: unseeded")
+    forced_answer_prefill: bool = setting(True, help="prefill <answer> in the forced answer turn")
+    instruction: str | None = setting(
+        None, help="prompt with {question} (and {max_queries}) placeholders; null: the environment's Search-R1 style "
+                   "default (protocol.DEFAULT_INSTRUCTION / DEFAULT_MULTI_QUERY_INSTRUCTION)")
 
     def __post_init__(self) -> None:
-        for name in ("max_turn_tokens", "max_response_tokens", "max_context_tokens", "max_obs_tokens", "n"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
-        if self.max_turns < 0:
-            raise ValueError(f"rollout.max_turns={self.max_turns} must be >= 0")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"rollout temperature={self.temperature} must be >= 0 and top_p={self.top_p} in (0, 1]")
+        check_settings(self)
 
 
 # Vocabulary size from which SFTArgs.fused_lm_head=None takes TRL's fused LM head (Qwen2.5: 151,936;
@@ -55,100 +154,111 @@ FUSED_LM_HEAD_MIN_VOCAB = 32_768
 
 @dataclass(frozen=True)
 class SFTArgs:
-    epochs: float = 1.0
-    max_steps: int = -1  # > 0 overrides epochs
-    lr: float = 1e-5
-    batch_size: int = 8  # per device
-    grad_accum: int = 1
-    seed: int = 0
-    warmup_steps: float = 0.0  # an int: steps; a float in [0, 1): share of all steps
-    weight_decay: float = 0.0
-    lr_scheduler: str = "cosine"
-    max_grad_norm: float = 1.0
-    max_length: int | None = None  # None: never truncate (TRL's default of 1024 would)
-    log_every: int = 10
-    bf16: bool | None = None  # None: on when a CUDA device supports it
-    gradient_checkpointing: bool = False
+    KEY: ClassVar[str] = "sft"
+
+    # No bound of its own: with max_steps > 0 epochs is ignored (the cross-field check below).
+    epochs: float = setting(1.0, help="passes over the SFT data")
+    max_steps: int = setting(-1, help="> 0 overrides epochs")
+    lr: float = setting(1e-5, gt=0, help="learning rate")
+    batch_size: int = setting(8, ge=1, help="per device")
+    grad_accum: int = setting(1, ge=1, help="gradient accumulation steps")
+    seed: int = setting(0, help="training seed (in a recipe, default: the recipe's seed)")
+    warmup_steps: float = setting(0.0, ge=0, help="an int: steps; a float in [0, 1): share of all steps")
+    weight_decay: float = setting(0.0, ge=0, help="AdamW weight decay")
+    lr_scheduler: str = setting("cosine", help="transformers' lr_scheduler_type: cosine, linear, constant, ...")
+    max_grad_norm: float = setting(1.0, gt=0, help="gradient clipping norm")
+    max_length: int | None = setting(None, ge=1, help="null: never truncate (TRL's default of 1024 would)")
+    log_every: int = setting(10, ge=1, help="log every N steps")
+    bf16: bool | None = setting(None, help="null: on when a CUDA device supports it")
+    gradient_checkpointing: bool = setting(False, help="recompute activations in the backward pass (less memory)")
     # Batches of similar lengths (transformers' LengthGroupedSampler): rows are padded to their
     # batch's longest, so random batches of trajectories of 100-800 tokens spend a quarter to a third
     # of the compute on padding. Off by default, as in transformers: where length follows the kind
     # of example (1-hop vs multi-hop trajectories), one-kind batches can train worse (config.yaml).
-    group_by_length: bool = False
+    group_by_length: bool = setting(False, help="batches of similar lengths (less padding)")
     # TRL's SFTTrainer computes the loss with its fused, tiled LM head, which never builds the
     # (tokens x vocab) logits: that saves gigabytes at a 150k vocabulary, but at a few thousand its
     # tile loop costs more than the logits (the default's 2,000-token vocabulary: 1.31-1.42x slower
-    # per step, docs/BENCHMARKS.md). None: fused above FUSED_LM_HEAD_MIN_VOCAB tokens, plain logits below.
-    fused_lm_head: bool | None = None
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = field(default=DEFAULT_LORA_TARGETS)
+    # per step, docs/BENCHMARKS.md).
+    fused_lm_head: bool | None = setting(
+        None, help=f"TRL's fused, tiled LM head for the loss (no full logits); null: on for vocabularies of "
+                   f"{FUSED_LM_HEAD_MIN_VOCAB:,} tokens or more")
+    lora: bool = setting(False, help="train LoRA adapters instead of every weight")
+    lora_r: int = setting(16, ge=1, help="LoRA rank")
+    lora_alpha: int = setting(32, ge=1, help="LoRA scaling alpha")
+    lora_dropout: float = setting(0.0, ge=0, le=1, help="dropout on the LoRA path")
+    lora_target_modules: tuple[str, ...] = setting(DEFAULT_LORA_TARGETS, help="module names LoRA adapts")
 
     def __post_init__(self) -> None:
-        for name in ("lr", "batch_size", "grad_accum", "log_every"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sft.{name}={getattr(self, name)} must be > 0")
+        problems = []
         if self.max_steps <= 0 and self.epochs <= 0:
-            raise ValueError("sft needs epochs > 0 or max_steps > 0")
-        if self.lora and (self.lora_r <= 0 or not self.lora_target_modules):
-            raise ValueError("LoRA needs lora_r > 0 and at least one target module")
+            problems.append("sft needs epochs > 0 or max_steps > 0")
+        if self.lora and not self.lora_target_modules:
+            problems.append("sft.lora needs lora_target_modules")
+        check_settings(self, *problems)
 
 
 @dataclass
 class RLConfig:
+    KEY: ClassVar[str] = "rl"
+
     # grpo: group-normalised advantages; ppo_clip: batch-normalised (no critic); ppo: a learned
     # critic and GAE advantages (docs/RL.md)
-    algorithm: str = "grpo"
-    group_size: int = 4  # samples per prompt
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None  # None = clip_eps; larger = DAPO's clip-higher
-    kl_coef: float = 0.0  # 0 skips the reference model entirely
-    kl_estimator: str = "k3"  # k3 | k1 (k1 only in the reward: as a loss its gradient is not the KL's)
-    loss_agg: str = "token-mean"  # token-mean | grpo | dr_grpo
-    scale_rewards: bool = True  # False: do not divide advantages by the std (Dr. GRPO)
-    max_response_len: int | None = None  # dr_grpo's constant normaliser (the generation limit)
-    lr: float = 1e-6
-    warmup_steps: int = 0  # linear LR warm-up, counted in RL steps
-    weight_decay: float = 0.0
-    steps: int = 100
-    batch_prompts: int = 8  # prompts per step over all processes
-    ppo_epochs: int = 1
-    num_mini_batches: int = 1  # optimizer steps per epoch
-    micro_batch_size: int | None = None  # sequences per forward pass (gradient accumulation); None = whole mini-batch
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    turn_advantage_weight: float = 0.0  # w in A = w * A_turn + A_global
-    temperature: float = 1.0  # must equal the rollout's sampling temperature: log-probs are of softmax(logits / T)
-    mixed_precision: str = "no"  # "no" | "bf16" (fills DeepSpeed's "auto" bf16 switch)
-    log_entropy: bool = True  # costs a softmax over the vocabulary at every response position in the no-grad pass
-    # Response positions whose logits exist at once: the LM head, log-softmax and gather run on
-    # this many positions at a time, checkpointed in the update (docs/RL.md, "Memory"); 0 = the
-    # micro-batch's [rows, length, vocabulary] logits at once.
-    logprob_chunk_tokens: int = 1024
-    # DAPO's / HARR's filter: groups whose scalar rewards all tie (zero advantage) are left out of
-    # the update (their tokens get no loss and do not count in its normaliser); a step where every
-    # group ties makes no update. Their share is logged either way (`tied_group_share`).
-    filter_tied_groups: bool = False
-    # algorithm ppo only, under verl's names (algorithm.gamma / lam / use_kl_in_reward,
-    # critic.cliprange_value, critic.optim.lr); the defaults are verl's.
-    gamma: float = 1.0  # discount per policy token (observation tokens are skipped, not discounted)
-    lam: float = 1.0  # GAE lambda
-    cliprange_value: float = 0.5  # the critic's value clip around the values it predicted at rollout
-    critic_lr: float = 1e-5
-    critic_warmup_steps: int = 0  # linear warm-up of critic_lr, in RL steps (verl: lr_warmup_steps_ratio x steps)
-    # True: -kl_coef * KL per policy token is added to the token rewards (PPO-RLHF, verl's
-    # use_kl_in_reward with a fixed kl_ctrl); False: the KL is a loss term (the GRPO way).
-    use_kl_in_reward: bool = False
+    algorithm: str = setting("grpo", choices=ALGORITHMS,
+                             help="grpo, ppo_clip: critic-free; ppo: a learned critic and GAE (docs/RL.md)")
+    group_size: int = setting(4, ge=1, help="samples per prompt")
+    clip_eps: float = setting(0.2, ge=0, help="PPO's clip of the probability ratio")
+    clip_eps_high: float | None = setting(None, ge=0, help="DAPO clip-higher (larger than clip_eps); null: clip_eps")
+    kl_coef: float = setting(0.0, ge=0, help="KL weight; 0 skips the reference model entirely")
+    # k1 only in the reward: as a loss its gradient is not the KL's.
+    kl_estimator: str = setting("k3", choices=KL_ESTIMATORS,
+                                help="k3: a KL loss term; k1 (verl's kl_penalty kl) only with use_kl_in_reward")
+    loss_agg: str = setting("token-mean", choices=LOSS_AGG_MODES,
+                            help="how token losses are averaged: over all tokens, per sequence (grpo), or by a "
+                                 "constant (dr_grpo)")
+    scale_rewards: bool = setting(True, help="false: do not divide advantages by the std (Dr. GRPO)")
+    max_response_len: int | None = setting(None, ge=1, help="dr_grpo's constant normaliser (the generation limit)")
+    lr: float = setting(1e-6, gt=0, help="learning rate")
+    warmup_steps: int = setting(0, ge=0, help="linear LR warm-up, in RL steps")
+    weight_decay: float = setting(0.0, ge=0, help="AdamW weight decay")
+    steps: int = setting(100, ge=1, help="RL steps")
+    batch_prompts: int = setting(8, ge=1, help="prompts per step over all processes")
+    ppo_epochs: int = setting(1, ge=1, help="passes over each step's rollouts")
+    num_mini_batches: int = setting(1, ge=1, help="optimizer steps per epoch")
+    micro_batch_size: int | None = setting(
+        None, ge=1, help="sequences per forward pass (gradient accumulation); null: the whole mini-batch")
+    max_grad_norm: float = setting(1.0, gt=0, help="gradient clipping norm")
+    seed: int = setting(0, help="training seed (in a recipe, default: the recipe's seed)")
+    checkpoint_every: int = setting(50, ge=1, help="steps between checkpoints")
+    keep_checkpoints: int = setting(2, ge=1, help="checkpoints kept")
+    turn_advantage_weight: float = setting(0.0, help="w in A = w * A_turn + A_global (methods with turn rewards)")
+    # log-probs are of softmax(logits / T)
+    temperature: float = setting(1.0, gt=0, help="must be the rollout's sampling temperature (in a recipe, "
+                                                 "default: rollout.temperature)")
+    mixed_precision: str = setting("no", choices=MIXED_PRECISION, help="bf16 fills DeepSpeed's 'auto' bf16 switch")
+    log_entropy: bool = setting(True, help="log the policy's entropy (a softmax over the vocabulary at every response "
+                                           "position in the no-grad pass)")
+    # The LM head, log-softmax and gather run on this many positions at a time, checkpointed in the
+    # update (docs/RL.md, "Memory").
+    logprob_chunk_tokens: int = setting(1024, ge=0, help="response positions whose logits exist at once in the "
+                                                         "log-prob and loss passes; 0: a micro-batch's at once")
+    # DAPO's / HARR's filter: tied groups' tokens get no loss and do not count in its normaliser; a
+    # step where every group ties makes no update. Their share is logged either way (`tied_group_share`).
+    filter_tied_groups: bool = setting(False, help="leave groups whose rewards all tie out of the update (DAPO, HARR)")
+    # algorithm ppo only, under verl's names; the defaults are verl's.
+    gamma: float = setting(1.0, ge=0, le=1, help="ppo: GAE discount per policy token (observation tokens are "
+                                                 "skipped, not discounted; verl algorithm.gamma)")
+    lam: float = setting(1.0, ge=0, le=1, help="ppo: GAE lambda (verl algorithm.lam)")
+    cliprange_value: float = setting(0.5, gt=0, help="ppo: the critic's value clip around the values it predicted "
+                                                     "at rollout (verl critic.cliprange_value)")
+    critic_lr: float = setting(1e-5, gt=0, help="ppo: the critic's learning rate (verl critic.optim.lr)")
+    critic_warmup_steps: int = setting(0, ge=0, help="ppo: linear warm-up of critic_lr, in RL steps")
+    use_kl_in_reward: bool = setting(
+        False, help="ppo: -kl_coef * KL per policy token in the token rewards (PPO-RLHF, verl's use_kl_in_reward "
+                    "with a fixed kl_ctrl) instead of a KL loss term")
 
     def __post_init__(self) -> None:
         problems = []
-        if self.algorithm not in ALGORITHMS:
-            problems.append(f"algorithm {self.algorithm!r} not in {ALGORITHMS}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            problems.append(f"kl_estimator {self.kl_estimator!r} not in {KL_ESTIMATORS}")
         if self.kl_estimator == "k1" and not self.use_kl_in_reward:
             problems.append("kl_estimator 'k1' needs use_kl_in_reward (as a loss term k1 has a zero-mean gradient)")
         if self.use_kl_in_reward and self.algorithm != "ppo":
@@ -161,29 +271,7 @@ class RLConfig:
             if self.filter_tied_groups:
                 problems.append("algorithm 'ppo' takes no filter_tied_groups (a critic's advantages are not zero "
                                 "when a group's rewards tie)")
-        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
-            problems.append(f"gamma={self.gamma} and lam={self.lam} must be in [0, 1]")
-        if self.cliprange_value <= 0 or self.critic_lr <= 0:
-            problems.append("cliprange_value and critic_lr must be > 0")
-        if self.critic_warmup_steps < 0:
-            problems.append("critic_warmup_steps must be >= 0")
-        if self.loss_agg not in LOSS_AGG_MODES:
-            problems.append(f"loss_agg {self.loss_agg!r} not in {LOSS_AGG_MODES}")
-        if self.mixed_precision not in ("no", "bf16"):
-            problems.append(f"mixed_precision {self.mixed_precision!r} not in ('no', 'bf16')")
-        positive = ("group_size", "steps", "batch_prompts", "ppo_epochs", "num_mini_batches", "checkpoint_every",
-                    "keep_checkpoints")
-        for name in positive:
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1")
-        if self.logprob_chunk_tokens < 0:
-            problems.append("logprob_chunk_tokens must be >= 0 (0 = no chunking)")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            problems.append("micro_batch_size must be >= 1 or None")
-        if self.temperature <= 0:
-            problems.append("temperature must be > 0")
-        if problems:
-            raise ValueError("invalid RLConfig: " + "; ".join(problems))
+        check_settings(self, *problems)
 
     @property
     def clip_high(self) -> float:
@@ -194,7 +282,7 @@ class RLConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(values) - known
         if unknown:
-            raise ValueError(f"unknown RLConfig keys: {sorted(unknown)}")
+            raise InputError(f"unknown RLConfig keys: {sorted(unknown)}")
         return cls(**values)
 
 
@@ -209,15 +297,18 @@ ALL_LINEAR = "all-linear"
 class EncoderTraining:
     """How the query encoder is trained: fully, or through LoRA adapters (HARR: r 32, alpha 64)."""
 
-    lora: bool = True
-    lora_r: int = 32
-    lora_alpha: int = 64
-    lora_target_modules: str | tuple[str, ...] = ALL_LINEAR
-    max_length: int | None = None  # None: the model's own max_seq_length
+    KEY: ClassVar[str] = "harr.encoder"
+
+    lora: bool = setting(True, help="train LoRA adapters (false: every weight of the encoder)")
+    lora_r: int = setting(32, ge=1, help="LoRA rank")
+    lora_alpha: int = setting(64, gt=0, help="LoRA scaling alpha")
+    lora_target_modules: str | tuple[str, ...] = setting(
+        ALL_LINEAR, help=f"module names LoRA adapts, or {ALL_LINEAR} (every projection)")
+    max_length: int | None = setting(None, help="longest query in tokens; null: the model's own max_seq_length")
 
     def __post_init__(self) -> None:
-        if self.lora and (self.lora_r < 1 or self.lora_alpha <= 0 or not self.lora_target_modules):
-            raise ValueError(f"LoRA needs lora_r >= 1, lora_alpha > 0 and target modules; got {self}")
+        problems = ["harr.encoder.lora needs lora_target_modules"] if self.lora and not self.lora_target_modules else []
+        check_settings(self, *problems)
 
 
 @dataclass(frozen=True)
@@ -225,25 +316,21 @@ class RetrieverTrainConfig:
     """HARR's settings (their train_*_0.6b.sh): 100 steps of 16 questions x G 8, lr 1e-5 constant,
     clip 0.2, beta 0, alpha 0.05; k and K live with the environment."""
 
-    steps: int = 100
-    questions_per_step: int = 16
-    group_size: int = 8
-    lr: float = 1e-5
-    clip_eps: float = 0.2
-    alpha: float = 0.05
-    max_grad_norm: float | None = 1.0
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    seed: int = 0
+    KEY: ClassVar[str] = "harr.train"
+
+    steps: int = setting(100, ge=1, help="training steps")
+    questions_per_step: int = setting(16, ge=1, help="questions per step")
+    group_size: int = setting(8, ge=2, help="G: rollouts per question (a group advantage needs a group)")
+    lr: float = setting(1e-5, gt=0, help="learning rate (constant)")
+    clip_eps: float = setting(0.2, gt=0, help="PPO's clip of the probability ratio")
+    alpha: float = setting(0.05, gt=0, help="temperature of the Plackett-Luce draw over the pool's scores")
+    max_grad_norm: float | None = setting(1.0, help="gradient clipping norm; null: no clipping")
+    checkpoint_every: int = setting(10, ge=1, help="steps between checkpoints")
+    keep_checkpoints: int = setting(2, ge=1, help="checkpoints kept")
+    seed: int = setting(0, help="training seed")
 
     def __post_init__(self) -> None:
-        for name in ("steps", "questions_per_step", "group_size", "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"HARR training: {name}={getattr(self, name)} must be >= 1")
-        if self.group_size < 2:
-            raise ValueError("HARR training: group_size must be >= 2 (a group advantage needs a group)")
-        if not (self.lr > 0 and self.alpha > 0 and self.clip_eps > 0):
-            raise ValueError(f"HARR training: lr, alpha and clip_eps must be > 0 (got {self})")
+        check_settings(self)
 
 
 @dataclass(frozen=True)
@@ -257,18 +344,20 @@ class HarrEnvironment:
     with what the stochastic retrieval returned.
     """
 
-    topk: int = 3
-    pool_size: int = 30
-    template: str = "Instruct: {instruction}\n{state}"
-    instruction: str | None = None
-    generator_temperature: float = 0.0
-    rollout_batch_questions: int = 8  # questions per rollout call in the filter (G rollouts each)
+    KEY: ClassVar[str] = "harr.environment"
+
+    topk: int = setting(3, ge=1, help="k: passages drawn from the pool for the generator (at most pool_size)")
+    pool_size: int = setting(30, help="K: the encoder's top passages that k are drawn from")
+    template: str = setting("Instruct: {instruction}\n{state}",
+                            help="the encoder's query text, with {state} (and {instruction})")
+    instruction: str | None = setting(None, help="null: the authors' instruction for the state kind")
+    generator_temperature: float = setting(0.0, ge=0, help="the frozen generator's sampling temperature; 0: greedy")
+    rollout_batch_questions: int = setting(8, ge=1, help="questions per rollout call in the filter (G rollouts each)")
 
     def __post_init__(self) -> None:
-        if self.topk < 1 or self.pool_size < self.topk:
-            raise ValueError(f"HARR environment: need 1 <= topk <= pool_size, got topk={self.topk}, "
-                             f"pool_size={self.pool_size}")
+        problems = []
+        if self.pool_size < self.topk:
+            problems.append(f"harr.environment needs topk <= pool_size, got topk={self.topk}, pool_size={self.pool_size}")
         if "{state}" not in self.template:
-            raise ValueError(f"HARR environment: template {self.template!r} has no {{state}} placeholder")
-        if self.generator_temperature < 0 or self.rollout_batch_questions < 1:
-            raise ValueError("HARR environment: generator_temperature must be >= 0 and rollout_batch_questions >= 1")
+            problems.append(f"harr.environment.template={self.template!r} has no {{state}} placeholder")
+        check_settings(self, *problems)
