@@ -1,0 +1,142 @@
+"""HARR (rules/harr.smk): jobs exist when config names `harr` (the default does; `harr: null` drops
+them): filter -> train (HARR, and the no-history ablation) -> evaluation of the frozen generator
+with the frozen / HARR / no-history encoder -> the encoders' recall@k on multi-hop questions -> tables."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from ragrl.recipe import HARR_RUNS, HarrRecipe, harr_generator_spec, parse_harr
+from ragrl.workflow.core import RESULTS, Run, recipe_json
+
+if TYPE_CHECKING:
+    from ragrl.workflow.table import Workflow
+
+# harr.generator's keys that say how the generator is served (ragrl.recipe.harr_generator_spec).
+ENDPOINT_KEYS = ("base_url", "served_name", "serve")
+
+
+class HarrPlan:
+    """The HARR runs of config `harr` (none without it)."""
+
+    def __init__(self, workflow: Workflow):
+        self.workflow = workflow
+
+    def settings(self) -> dict | None:
+        return self.workflow.config.get("harr") or None
+
+    @cached_property
+    def parsed(self) -> HarrRecipe:
+        """config `harr`, parsed (every key checked against its dataclass; ValueError if one is wrong)."""
+        return parse_harr(self.settings())
+
+    def runs(self) -> dict[str, tuple[bool, ...]]:
+        """Evaluated HARR run ids -> (trained encoder?, history-aware states?); none without `harr`."""
+        return dict(HARR_RUNS) if self.settings() else {}
+
+    def trained_runs(self) -> list[str]:
+        return [r for r, (trained, _) in self.runs().items() if trained]
+
+    def json(self) -> str:
+        return recipe_json(self.parsed.to_config())
+
+    def generator_settings(self) -> dict:
+        """harr.generator as a mapping (ragrl.recipe.harr_generator_spec): {run} or {model, recipe},
+        with its endpoint settings."""
+        return harr_generator_spec(self.settings()["generator"])
+
+    def generator(self) -> Run:
+        """The frozen generator as a run: a run of this workflow, or an outside checkpoint with the
+        recipe settings config gives it (stage "outside")."""
+        spec = self.generator_settings()
+        if "run" in spec:
+            return self.workflow.runs[spec["run"]]
+        return Run("harr.generator", "harr.generator", spec["recipe"], spec["model"], "outside")
+
+    def generator_definition(self) -> dict:
+        spec = self.generator_settings()
+        if "run" in spec:
+            return self.workflow.run_definition(spec["run"])
+        return {"model": spec["model"], "recipe": {"eval": self.workflow.recipe_part(None, "eval", spec["recipe"])}}
+
+    def endpoint_args(self) -> list[str]:
+        """--generator-endpoint for a served generator (external base_url, or `serve`: a vLLM server
+        the job starts and stops); nothing when it is loaded in process."""
+        spec = self.generator_settings()
+        endpoint = {k: spec[k] for k in ENDPOINT_KEYS if k in spec}
+        return ["--generator-endpoint", recipe_json(endpoint)] if endpoint else []
+
+    def generator_json(self) -> str:
+        return recipe_json(self.workflow.recipe_part(None, "eval", self.generator().settings))
+
+    def world_inputs(self) -> dict[str, Any]:
+        """The generator's checkpoint, the dense index the encoder searches and its passages."""
+        wf = self.workflow
+        corpus = wf.config["retrieval"]["corpus"]
+        spec = self.generator_settings()
+        # An outside checkpoint (hub id or path) is not a workflow output: passed by name.
+        return {"generator": wf.run_model_inputs(spec["run"]) if "run" in spec else [],
+                "index": f"{wf.dense_index_dir(corpus, self.settings()['index'])}/meta.json",
+                "passages": wf.passages_path(corpus)}
+
+    def generator_arg(self, generator_input) -> str:
+        model = self.generator().model
+        if model == self.workflow.policy_dir():
+            return self.workflow.policy_param(generator_input)
+        return generator_input[0] if generator_input else model
+
+    def history_flag(self, run: str) -> str:
+        return "--history" if self.runs()[run][1] else "--no-history"
+
+    def encoder_inputs(self, run: str) -> dict[str, str]:
+        # The trained runs read their merged encoder; the frozen run the index's own encoder.
+        return {"encoder": f"{RESULTS}/harr/train/{run}/work/final/state.json"} if self.runs()[run][0] else {}
+
+    def encoder_args(self, inputs) -> list[str]:
+        return ["--encoder", os.path.join(os.path.dirname(inputs["encoder"]), "encoder")] if "encoder" in inputs.keys() else []
+
+    def eval_outputs(self) -> list[str]:
+        if not self.settings():
+            return []
+        return [f"{RESULTS}/harr/eval/{run}/{d}/metrics.json" for run in self.runs() for d in self.settings()["eval_datasets"]]
+
+    def predictions(self) -> list[str]:
+        return [p.replace("metrics.json", "predictions.parquet") for p in self.eval_outputs()]
+
+    def recall_outputs(self) -> list[str]:
+        if not self.settings() or not self.parsed.recall_k:
+            return []
+        return [f"{RESULTS}/harr/recall/{run}/{d}/metrics.json" for run in self.runs() for d in self.settings()["eval_datasets"]]
+
+    def manifests(self) -> list[str]:
+        return [f"{RESULTS}/harr/runs/{run}/run.json" for run in self.runs()]
+
+    def train_logs(self) -> list[str]:
+        # Named by run id: the results database files a training log under its directory's name.
+        return [f"{RESULTS}/harr/train/{run}/train_log.jsonl" for run in self.trained_runs()]
+
+    def tables(self) -> list[dict]:
+        """Tables harr_em / harr_f1 (frozen vs HARR vs no-history, 95% intervals) and harr_recall /
+        harr_all (the encoders' recall@k and all@k on the multi-hop questions, k = environment.topk)."""
+        if not self.settings():
+            return []
+        parsed = self.parsed
+        rows, evals = list(self.runs()), list(parsed.eval_datasets)
+        answers = [
+            {"name": "harr_em", "title": "HARR: the frozen generator with each query encoder (exact match)",
+             "metric": "em", "runs": rows, "datasets": evals},
+            {"name": "harr_f1", "title": "HARR: the frozen generator with each query encoder (F1)", "metric": "f1",
+             "runs": rows, "datasets": evals},
+        ]
+        if not parsed.recall_k:
+            return answers
+        k = parsed.environment.topk if parsed.environment.topk in parsed.recall_k else max(parsed.recall_k)
+        multihop = [f"{d}_multihop" for d in evals]
+        return answers + [
+            {"name": "harr_recall", "title": f"HARR: query encoders' recall@{k} on multi-hop questions",
+             "metric": f"recall@{k}", "runs": rows, "datasets": multihop},
+            {"name": "harr_all", "title": f"HARR: query encoders' all@{k} (every supporting passage) on multi-hop questions",
+             "metric": f"all@{k}", "runs": rows, "datasets": multihop},
+        ]
