@@ -23,6 +23,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ragrl.errors import InputError
+
 
 @dataclass(frozen=True)
 class HttpLimits:
@@ -32,7 +34,7 @@ class HttpLimits:
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1 or self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
-            raise ValueError(f"HTTP limits must be positive, got {self}")
+            raise InputError(f"HTTP limits must be positive, got {self}")
 
     def as_dict(self) -> dict[str, float]:
         return {"max_body_bytes": self.max_body_bytes, "header_timeout_s": self.header_timeout_s,

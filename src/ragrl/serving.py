@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from ragrl.errors import InputError
+
 # The interpreter with vLLM installed: on a cluster the verl env has it (envs/verl.yaml), here
 # .venv-vllm (scripts/vllm_venv.sh). The job's own python is the fallback.
 PYTHON_ENV = "RAGRL_VLLM_PYTHON"
@@ -213,7 +215,7 @@ def resolve_endpoint(base_url: str | None, spec: ServerSpec | None) -> Iterator[
         yield base_url
         return
     if spec is None:
-        raise ValueError("no base_url and nothing to serve")
+        raise InputError("no base_url and nothing to serve")
     with model_server(spec) as url:
         yield url
 
@@ -236,18 +238,18 @@ def served_name(entry: Mapping) -> str:
 def check_endpoint(entry: Mapping, key: str) -> None:
     """An endpoint entry's keys and types; `key` names it in the error."""
     if not isinstance(entry, Mapping):
-        raise ValueError(f"{key}: expected a mapping {{model, base_url?, serve?, api_key_env?}}, got {entry!r}")
+        raise InputError(f"{key}: expected a mapping {{model, base_url?, serve?, api_key_env?}}, got {entry!r}")
     for k, v in entry.items():
         if k not in ENDPOINT_KEYS:
-            raise ValueError(f"{key}.{k}: unknown setting; known: {sorted(ENDPOINT_KEYS)}")
+            raise InputError(f"{key}.{k}: unknown setting; known: {sorted(ENDPOINT_KEYS)}")
         if not isinstance(v, ENDPOINT_KEYS[k]):
-            raise ValueError(f"{key}.{k}: wrong type {type(v).__name__}")
+            raise InputError(f"{key}.{k}: wrong type {type(v).__name__}")
     if not entry.get("model"):
-        raise ValueError(f"{key}.model: the model the endpoint serves is required")
+        raise InputError(f"{key}.model: the model the endpoint serves is required")
     if entry.get("base_url") and entry.get("serve"):
-        raise ValueError(f"{key}: base_url (an external endpoint) and serve (a server the job starts) exclude each other")
+        raise InputError(f"{key}: base_url (an external endpoint) and serve (a server the job starts) exclude each other")
     if entry.get("serve") is False and not entry.get("base_url"):
-        raise ValueError(f"{key}.serve: false needs {key}.base_url (an external endpoint)")
+        raise InputError(f"{key}.serve: false needs {key}.base_url (an external endpoint)")
 
 
 @contextmanager

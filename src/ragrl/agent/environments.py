@@ -30,6 +30,7 @@ from ragrl.agent.protocol import (
     invalid_message,
     parse_action,
 )
+from ragrl.errors import InputError
 
 
 @runtime_checkable
@@ -65,7 +66,7 @@ class SearchEnvironment:
 
     def __init__(self, retriever: Retriever, topk: int = 3) -> None:
         if topk < 1:
-            raise ValueError(f"topk={topk} must be >= 1")
+            raise InputError(f"topk={topk} must be >= 1")
         self.retriever = retriever
         self.topk = topk
         self.spec = self._make_spec()
@@ -143,9 +144,9 @@ class MultiQueryFormat:
 
     def __post_init__(self) -> None:
         if self.observation not in OBSERVATION_LAYOUTS:
-            raise ValueError(f"observation must be one of {OBSERVATION_LAYOUTS}, got {self.observation!r}")
+            raise InputError(f"observation must be one of {OBSERVATION_LAYOUTS}, got {self.observation!r}")
         if not self.separators or not all(isinstance(s, str) and s for s in self.separators):
-            raise ValueError(f"separators must be non-empty strings, got {self.separators!r}")
+            raise InputError(f"separators must be non-empty strings, got {self.separators!r}")
 
 
 OBSERVATION_LAYOUTS = ("grouped", "json")
@@ -162,7 +163,7 @@ def multi_query_format(preset: str = "ragrl", separators: Sequence[str] | None =
                        observation: str | None = None) -> MultiQueryFormat:
     """A named preset, with `separators` / `observation` overriding its values when given."""
     if preset not in MULTI_QUERY_FORMATS:
-        raise ValueError(f"unknown multi-query format {preset!r}; expected one of {sorted(MULTI_QUERY_FORMATS)}")
+        raise InputError(f"unknown multi-query format {preset!r}; expected one of {sorted(MULTI_QUERY_FORMATS)}")
     base = MULTI_QUERY_FORMATS[preset]
     return MultiQueryFormat(tuple(separators) if separators is not None else base.separators,
                             observation or base.observation, base.instruction)

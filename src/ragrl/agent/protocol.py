@@ -31,6 +31,8 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ragrl.errors import InputError
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
 INFO_OPEN, INFO_CLOSE = "<information>", "</information>"
@@ -75,11 +77,11 @@ class ActionSpec:
     def __post_init__(self) -> None:
         unknown = set(self.actions) - set(ACTION_NAMES)
         if unknown:
-            raise ValueError(f"unknown action(s) {sorted(unknown)}; known: {list(ACTION_NAMES)}")
+            raise InputError(f"unknown action(s) {sorted(unknown)}; known: {list(ACTION_NAMES)}")
         if self.max_queries < 1:
-            raise ValueError(f"max_queries={self.max_queries} must be >= 1")
+            raise InputError(f"max_queries={self.max_queries} must be >= 1")
         if not self.multi_query and self.max_queries != 1:
-            raise ValueError("max_queries > 1 needs multi_query=True")
+            raise InputError("max_queries > 1 needs multi_query=True")
 
     @property
     def tools(self) -> tuple[str, ...]:

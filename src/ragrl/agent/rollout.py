@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from ragrl.agent.environments import Environment
+from ragrl.errors import InputError
 from ragrl.settings import RolloutConfig  # noqa: F401  (re-exported)
 from ragrl.agent.generation import Generator, cut_at_stop, cut_at_strings
 from ragrl.agent.protocol import (
@@ -94,7 +95,7 @@ class RolloutEngine:
         self._tail = self._encode(OBS_SUFFIX)
         self._forced = self._encode(forced_answer_prompt(config.forced_answer_prefill))
         if config.max_obs_tokens < len(self._head) + len(self._tail):
-            raise ValueError(f"rollout.max_obs_tokens={config.max_obs_tokens} cannot even hold the "
+            raise InputError(f"rollout.max_obs_tokens={config.max_obs_tokens} cannot even hold the "
                              f"<information> tags ({len(self._head) + len(self._tail)} tokens)")
 
     # ----------------------------------------------------------------------- prompts

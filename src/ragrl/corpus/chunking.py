@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ragrl.errors import InputError
+
 DEFAULT_WORDS = 100
 
 
 def check_window(words: int) -> int:
     # bool is an int subclass; `words=True` is a config typo, not a window of one word.
     if isinstance(words, bool) or not isinstance(words, int) or words < 1:
-        raise ValueError(f"passage size must be a positive number of words, got {words!r}")
+        raise InputError(f"passage size must be a positive number of words, got {words!r}")
     return words
 
 

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ragrl.corpus.chunking import DEFAULT_WORDS, check_window, word_windows
-from ragrl.errors import DataFormatError
+from ragrl.errors import DataFormatError, InputError
 from ragrl.io import atomic_path
 
 PASSAGE_SCHEMA = pa.schema(
@@ -302,7 +302,7 @@ def unquote_title(title: str) -> str:
 def format_contents(title: str, text: str) -> str:
     """Inverse of `split_contents`: the title line as is, then the text."""
     if "\n" in title:
-        raise ValueError(f"a title cannot contain a newline in the flashrag format: {title!r}")
+        raise InputError(f"a title cannot contain a newline in the flashrag format: {title!r}")
     return f"{title}\n{text}"
 
 
@@ -412,7 +412,7 @@ def _located(fmt: str) -> Callable[[PathLike, int], Located]:
     try:
         return _LOCATED[fmt]
     except KeyError:
-        raise ValueError(f"unknown corpus format {fmt!r}; expected one of {', '.join(CORPUS_FORMATS)}") from None
+        raise InputError(f"unknown corpus format {fmt!r}; expected one of {', '.join(CORPUS_FORMATS)}") from None
 
 
 def _unquoted_titles(located: Iterable[tuple]) -> Iterator[tuple]:
@@ -537,7 +537,7 @@ def input_formats(fmt: str | Sequence[str], inputs: Sequence[str]) -> list[str]:
     MuSiQue's and HotpotQA's paragraphs, as AutoGraph-R1 trains on)."""
     formats = [fmt] * len(inputs) if isinstance(fmt, str) else list(fmt)
     if len(formats) != len(inputs):
-        raise ValueError(f"{len(formats)} formats for {len(inputs)} inputs: give one format, or one per input in order")
+        raise InputError(f"{len(formats)} formats for {len(inputs)} inputs: give one format, or one per input in order")
     for f in dict.fromkeys(formats):
         _located(f)
     return formats
@@ -628,7 +628,7 @@ def write_passages(
     check_window(words)
     inputs = [str(p) for p in inputs]
     if not inputs:
-        raise ValueError("write_passages needs at least one input file")
+        raise InputError("write_passages needs at least one input file")
     formats = input_formats(fmt, inputs)
     labels = [f if source is None else source for f in formats]
     located = _located_inputs(formats, inputs, words)

@@ -52,7 +52,7 @@ from ragrl.corpus.readers import (
     json_kind,
     musique_paragraphs,
 )
-from ragrl.errors import DataFormatError
+from ragrl.errors import DataFormatError, InputError
 from ragrl.io import write_parquet
 
 QA_SCHEMA = pa.schema(
@@ -308,14 +308,14 @@ def load_qa(fmt: str | Sequence[str], path: PathLike | Sequence[PathLike], *, se
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     formats = [fmt] * len(paths) if isinstance(fmt, str) else list(fmt)
     if len(formats) != len(paths):
-        raise ValueError(f"{len(formats)} QA formats for {len(paths)} files: give one format, or one per file in order")
+        raise InputError(f"{len(formats)} QA formats for {len(paths)} files: give one format, or one per file in order")
     rows: list[Row] = []
     first_seen: dict[str, Where] = {}
     for f, p in zip(formats, paths, strict=True):
         try:
             loader = _LOADERS[f]
         except KeyError:
-            raise ValueError(f"unknown QA format {f!r}; expected one of {', '.join(QA_FORMATS)}") from None
+            raise InputError(f"unknown QA format {f!r}; expected one of {', '.join(QA_FORMATS)}") from None
         n = len(rows)
         for at, row in loader(p):
             if row["id"] in first_seen:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ragrl.errors import InputError
 from ragrl.io import read_columns, write_json, write_parquet
 from ragrl.agent.protocol import recorded_turns
 from ragrl.rewards.qa import cover_exact_match, exact_match, f1, turns_format_reward
@@ -83,7 +84,7 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     from ragrl.progress import Ticker
 
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
+        raise InputError(f"batch_size={batch_size} must be >= 1")
     cfg = rollout_cfg if rollout_cfg is not None else RolloutConfig()
     if temperature is not None:
         cfg = dataclasses.replace(cfg, temperature=temperature)

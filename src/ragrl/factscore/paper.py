@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from ragrl.errors import RagrlError
+from ragrl.errors import InputError, RagrlError
 from ragrl.factscore.core import FactScorer, FactVerdict
 from ragrl.replies import DEAD_RUN, ReplyTally
 
@@ -216,7 +216,7 @@ class NLIModel:
             device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
             labels = {str(v).upper(): int(k) for k, v in model.config.id2label.items()}
             if "ENTAILMENT" not in labels:
-                raise ValueError(f"NLI model {self.model_name}: no ENTAILMENT label in {sorted(labels)}")
+                raise InputError(f"NLI model {self.model_name}: no ENTAILMENT label in {sorted(labels)}")
             self._loaded = (tok, model.to(device), device, labels["ENTAILMENT"])
         return self._loaded
 

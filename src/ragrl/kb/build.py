@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ragrl.errors import DataFormatError
+from ragrl.errors import DataFormatError, InputError
 from ragrl.io import atomic_path
 
 SEPARATOR = "####SPECIAL####SEPARATOR####"
@@ -92,7 +92,7 @@ def pack_passages(sentences: Sequence[str], counter: TokenCounter, max_tokens: i
     """KnowRL's `process_document`: whole sentences packed greedily up to `max_tokens`; an
     oversized sentence flushes the current passage and is cut into `max_tokens` windows."""
     if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        raise InputError(f"max_tokens must be >= 1, got {max_tokens}")
     passages: list[str] = []
     current: list[str] = []
     count = 0
@@ -140,12 +140,12 @@ def _documents(fmt: str, path: Path) -> Iterator[tuple[str, str, str | list[str]
 
 def _checked(where: str, title: Any, text: Any, seen: dict[str, str]) -> str:
     if not isinstance(title, str) or not title.strip():
-        raise ValueError(f"{where}: field 'title': expected a non-empty string, got {title!r}")
+        raise InputError(f"{where}: field 'title': expected a non-empty string, got {title!r}")
     if title in seen:
-        raise ValueError(f"{where}: field 'title': duplicate title {title!r} (first at {seen[title]})")
+        raise InputError(f"{where}: field 'title': duplicate title {title!r} (first at {seen[title]})")
     body = text if isinstance(text, str) else " ".join(text or [])
     if not isinstance(body, str) or not body.strip():
-        raise ValueError(f"{where}: field 'text': document {title!r} has no text")
+        raise InputError(f"{where}: field 'text': document {title!r} has no text")
     seen[title] = where
     return title
 
@@ -154,12 +154,12 @@ def kb_format(path: str | os.PathLike, fmt: str | None = None) -> str:
     """The input's format: given, or from its suffix (.parquet, .jsonl, .json, .db/.sqlite)."""
     if fmt:
         if fmt not in KB_FORMATS:
-            raise ValueError(f"unknown KB input format {fmt!r}; expected one of {KB_FORMATS}")
+            raise InputError(f"unknown KB input format {fmt!r}; expected one of {KB_FORMATS}")
         return fmt
     suffix = Path(path).suffix.lower()
     by_suffix = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "json", ".db": "sqlite", ".sqlite": "sqlite"}
     if suffix not in by_suffix:
-        raise ValueError(f"{path}: cannot tell the KB input format from the suffix {suffix!r}; give one of {KB_FORMATS}")
+        raise InputError(f"{path}: cannot tell the KB input format from the suffix {suffix!r}; give one of {KB_FORMATS}")
     return by_suffix[suffix]
 
 
@@ -172,11 +172,11 @@ def build_kb(inputs: Sequence[str | os.PathLike], out: str | os.PathLike, *, fmt
     unless every input is good. `tokenizer`: what passage lengths are counted in (`words`, or a
     tokenizer by HF id / path, loaded only when documents are chunked). Returns counts."""
     if not inputs:
-        raise ValueError("no KB inputs given")
+        raise InputError("no KB inputs given")
     formats = {kb_format(p, fmt) for p in inputs}
     if "sqlite" in formats:
         if len(inputs) != 1:
-            raise ValueError(f"an existing KB is taken as is, alone; got {len(inputs)} inputs: {list(map(str, inputs))}")
+            raise InputError(f"an existing KB is taken as is, alone; got {len(inputs)} inputs: {list(map(str, inputs))}")
         stats = validate_kb(inputs[0], thorough=True)  # the copy reads every page anyway
         with atomic_path(out) as tmp:
             _copy_db(Path(inputs[0]), tmp)

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from ragrl.errors import InputError
 from ragrl.http_retry import request_with_retries
 from ragrl.kg.ops import MESSAGE_PREFIX, OPERATIONS, Status, canonical_name, format_call
 
@@ -48,7 +49,7 @@ class KGClient:
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, *, backoff: float = 0.5,
                  max_backoff: float = 8.0, batch_size: int = 256, transport: httpx.BaseTransport | None = None) -> None:
         if retries < 0 or batch_size < 1:
-            raise ValueError("retries must be >= 0 and batch_size >= 1")
+            raise InputError("retries must be >= 0 and batch_size >= 1")
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff = backoff

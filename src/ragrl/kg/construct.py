@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragrl.errors import InputError
 from ragrl.io import write_json, write_parquet
 from ragrl.kg.constructor import ChatFrame, Document, document_message
 from ragrl.kg.extraction import parse_triples, unique_triples
@@ -44,7 +45,7 @@ class ConstructSettings:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_turn_tokens < 1:
-            raise ValueError(f"batch_size and max_turn_tokens must be >= 1, got {self.batch_size}, "
+            raise InputError(f"batch_size and max_turn_tokens must be >= 1, got {self.batch_size}, "
                              f"{self.max_turn_tokens}")
 
 

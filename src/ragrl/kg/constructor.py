@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
+from ragrl.errors import InputError
 from ragrl.kg.extraction import ParsedTurn, Triple, parse_triples, repetition_share, triples_json
 from ragrl.kg.text_graph import (
     SUBGRAPH_HOPS,
@@ -274,14 +275,14 @@ def episodes_from_world(qa_rows: Sequence[dict], passages: Sequence[dict], *, ne
     hits: list[list[dict]] = [[] for _ in qa_rows]
     if negatives:
         if search is None:
-            raise ValueError("hard negatives need a retriever (search)")
+            raise InputError("hard negatives need a retriever (search)")
         hits = search([str(r["question"]) for r in qa_rows], negatives + 8)
     episodes = []
     for row, found in zip(qa_rows, hits):
         support = [str(s) for s in row["supporting_ids"]]
         missing = [s for s in support if s not in by_id]
         if missing:
-            raise ValueError(f"question {row['id']}: supporting passage(s) {missing} are not in the passages")
+            raise InputError(f"question {row['id']}: supporting passage(s) {missing} are not in the passages")
         extra = [str(h["id"]) for h in found if str(h["id"]) not in support and str(h["id"]) in by_id]
         ids = support + list(dict.fromkeys(extra))[:negatives]
         if shuffle_seed is not None:

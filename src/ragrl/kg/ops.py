@@ -23,6 +23,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from ragrl.errors import InputError
 from ragrl.kg.store import KGStore
 
 
@@ -67,7 +68,7 @@ class OpLimits:
     def __post_init__(self) -> None:
         for name in ("max_results", "max_listed_relations", "max_suggestions", "max_arg_chars"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+                raise InputError(f"{name}={getattr(self, name)} must be >= 1")
 
 
 DEFAULT_LIMITS = OpLimits()

@@ -49,6 +49,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from ragrl.errors import InputError
 from ragrl.http_server import BadBody, HttpLimits, parse_json_body, unencodable_at
 from ragrl.http_server import run as run_http
 
@@ -275,7 +276,7 @@ def _sources(obj) -> dict[str, KGSource]:
                 raise TypeError(f"dataset {name!r}: expected a KGStore or KGSource, got {type(value).__name__}")
             out[str(name)] = value
         if len({n.casefold() for n in out}) != len(out):
-            raise ValueError(f"dataset names differ only in case: {sorted(out)}")
+            raise InputError(f"dataset names differ only in case: {sorted(out)}")
         return out
     raise TypeError(f"expected a KGStore, a KGSource or a non-empty mapping of them, got {type(obj).__name__}")
 
@@ -326,12 +327,12 @@ def kg_dirs(paths: Sequence[str | os.PathLike], names: Sequence[str] = ()) -> di
     """`--kg` / `--dataset-name` pairs (by position) -> {dataset name or None (= dir name): path}."""
     if not names:
         if len(paths) != 1:
-            raise ValueError(f"{len(paths)} --kg given: name each with a --dataset-name, in the same order")
+            raise InputError(f"{len(paths)} --kg given: name each with a --dataset-name, in the same order")
         return {None: paths[0]}
     if len(names) != len(paths):
-        raise ValueError(f"{len(names)} --dataset-name for {len(paths)} --kg; give one name per KG, in the same order")
+        raise InputError(f"{len(names)} --dataset-name for {len(paths)} --kg; give one name per KG, in the same order")
     if len(set(n.casefold() for n in names)) != len(names):
-        raise ValueError(f"--dataset-name values must differ (case-insensitively): {list(names)}")
+        raise InputError(f"--dataset-name values must differ (case-insensitively): {list(names)}")
     return dict(zip(names, paths))
 
 

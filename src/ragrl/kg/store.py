@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ragrl.errors import DataFormatError
+from ragrl.errors import DataFormatError, InputError
 
 TRIPLE_COLUMNS = ("head", "relation", "tail")
 _LOOKUP_INDEXES = ("_exact", "_folded", "_alias", "_alias_folded", "_prefix", "_relation_index")
@@ -819,7 +819,7 @@ def load_kg(path: str | os.PathLike, mode: str = "whole", *, name: str | None = 
     found by themselves.
     """
     if mode not in ("whole", "subgraph"):
-        raise ValueError(f"mode must be 'whole' or 'subgraph', got {mode!r}")
+        raise InputError(f"mode must be 'whole' or 'subgraph', got {mode!r}")
     path = Path(path)
     if (path / SIMPLE_ENTITIES).exists() and (path / SIMPLE_RELATIONS).exists():
         data = SimpleKGQA(path, questions)

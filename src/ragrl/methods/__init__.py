@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ragrl.errors import InputError
+
 if TYPE_CHECKING:
     # For mypy only: at run time this package imports the standard library alone (see above). The
     # recipe is typed Any in the hooks: ragrl.recipe imports this package, and importing it back,
@@ -216,12 +218,12 @@ class Method:
     def __post_init__(self) -> None:
         bad = [k for k in self.inputs if k not in INPUT_KINDS]
         if bad:
-            raise ValueError(f"method {self.name!r}: unknown input kind(s) {bad}; expected some of {INPUT_KINDS}")
+            raise InputError(f"method {self.name!r}: unknown input kind(s) {bad}; expected some of {INPUT_KINDS}")
         bad = [b for b in self.rl_backends if b not in RL_BACKENDS]
         if bad:
-            raise ValueError(f"method {self.name!r}: unknown RL backend(s) {bad}; expected some of {RL_BACKENDS}")
+            raise InputError(f"method {self.name!r}: unknown RL backend(s) {bad}; expected some of {RL_BACKENDS}")
         if self.verl_reward is None and "verl" in self.rl_backends:
-            raise ValueError(f"method {self.name!r}: the verl backend needs verl_reward")
+            raise InputError(f"method {self.name!r}: the verl backend needs verl_reward")
 
 
 _BUILTIN = {
@@ -243,7 +245,7 @@ def register(method: Method) -> Method:
     """Make `method` known by its name (a plug-in module calls this, or just defines METHOD)."""
     known = _REGISTRY.get(method.name)
     if known is not None and known is not method:
-        raise ValueError(f"method {method.name!r} is registered twice")
+        raise InputError(f"method {method.name!r} is registered twice")
     _REGISTRY[method.name] = method
     return method
 
@@ -257,9 +259,9 @@ def get_method(name: str, plugin: str | None = None) -> Method:
     if plugin:
         method = _module_method(load_plugin(plugin), plugin)
         if method.name != name:
-            raise ValueError(f"plugin {plugin!r} defines method {method.name!r}, not {name!r}")
+            raise InputError(f"plugin {plugin!r} defines method {method.name!r}, not {name!r}")
         return register(method)
-    raise ValueError(f"unknown method (env) {name!r}; built in: {sorted(_BUILTIN)}; "
+    raise InputError(f"unknown method (env) {name!r}; built in: {sorted(_BUILTIN)}; "
                      "another method needs `plugin: <module or path.py>` in its recipe")
 
 
@@ -274,7 +276,7 @@ def load_plugin(plugin: str):
             return sys.modules[module_name]
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
-            raise ValueError(f"plugin {plugin!r}: not a Python module")
+            raise InputError(f"plugin {plugin!r}: not a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
@@ -285,5 +287,5 @@ def load_plugin(plugin: str):
 def _module_method(module, where: str) -> Method:
     method = getattr(module, "METHOD", None)
     if not isinstance(method, Method):
-        raise ValueError(f"plugin {where!r} defines no METHOD (a ragrl.methods.Method)")
+        raise InputError(f"plugin {where!r} defines no METHOD (a ragrl.methods.Method)")
     return method

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.methods import Method, Score
 from ragrl.methods.search import world_gold_reason
 
@@ -67,23 +68,23 @@ class GraphConstructorOptions:
         from ragrl.kg.constructor import REWARD_MODES
 
         if self.reward not in REWARD_MODES:
-            raise ValueError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
+            raise InputError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
         if self.judge not in JUDGES:
-            raise ValueError(f"judge must be one of {JUDGES}, got {self.judge!r}")
+            raise InputError(f"judge must be one of {JUDGES}, got {self.judge!r}")
         from ragrl.serving import check_endpoint
 
         if self.judge == "openai" and not self.judge_endpoint:
-            raise ValueError("judge openai needs judge_endpoint: {model, base_url or serve}")
+            raise InputError("judge openai needs judge_endpoint: {model, base_url or serve}")
         for name in ("judge_endpoint", "embedding_endpoint"):
             if getattr(self, name):
                 check_endpoint(getattr(self, name), name)
         for name in ("negatives", "recall_k", "top_triples", "hops", "sft_turns"):
             if getattr(self, name) < (0 if name == "negatives" else 1):
-                raise ValueError(f"{name}={getattr(self, name)} is out of range")
+                raise InputError(f"{name}={getattr(self, name)} is out of range")
         if self.sft_unit not in ("episode", "document"):
-            raise ValueError(f"sft_unit must be 'episode' or 'document', got {self.sft_unit!r}")
+            raise InputError(f"sft_unit must be 'episode' or 'document', got {self.sft_unit!r}")
         if not 0.0 <= self.repetition_limit <= 1.0:
-            raise ValueError(f"repetition_limit={self.repetition_limit} must be in [0, 1]")
+            raise InputError(f"repetition_limit={self.repetition_limit} must be in [0, 1]")
 
 
 class ConstructorEnvironment:
@@ -109,7 +110,7 @@ class ConstructorEnvironment:
         from ragrl.kg.constructor import episodes_from_world
 
         if self.retriever is None:
-            raise ValueError("constructor episodes need the passages: a retriever (--index/--bm25 with --passages)")
+            raise InputError("constructor episodes need the passages: a retriever (--index/--bm25 with --passages)")
         passages = self.retriever.passages.table.to_pylist()
         negatives = self.options.negatives if self.options.reward == "index" else 0
         search = (lambda qs, k: [[h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits]
@@ -259,7 +260,7 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
 
     options: GraphConstructorOptions = recipe.options
     if not options.gold_triples:
-        raise ValueError(f"recipe {recipe.name!r}: gold constructor SFT needs options.gold_triples "
+        raise InputError(f"recipe {recipe.name!r}: gold constructor SFT needs options.gold_triples "
                          "(a triples parquet with source_id, e.g. the world's kg/B/triples.parquet)")
     gold = gold_triples_by_passage(pq.read_table(options.gold_triples).to_pylist())
     frame = ChatFrame(transformers.AutoTokenizer.from_pretrained(policy))

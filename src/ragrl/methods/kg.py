@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.methods import Method, Score
 
 REWARD_KEYS = ("f1", "hits1", "retrieval", "format")
@@ -35,9 +36,9 @@ class KGOptions:
 
     def __post_init__(self) -> None:
         if self.max_hops < 1:
-            raise ValueError(f"max_hops={self.max_hops} must be >= 1")
+            raise InputError(f"max_hops={self.max_hops} must be >= 1")
         if not 0.0 <= self.readable_relations <= 1.0:
-            raise ValueError(f"readable_relations={self.readable_relations} must be in [0, 1]")
+            raise InputError(f"readable_relations={self.readable_relations} must be in [0, 1]")
 
 
 def make_environment(recipe, backends: Mapping[str, Any]):
@@ -45,7 +46,7 @@ def make_environment(recipe, backends: Mapping[str, Any]):
 
     backend = backends.get("graph")
     if backend is None:
-        raise ValueError(f"recipe {recipe.name!r} (env kg) needs a KG: --kg DIR or --kg-url URL")
+        raise InputError(f"recipe {recipe.name!r} (env kg) needs a KG: --kg DIR or --kg-url URL")
     return KGEnvironment(backend)
 
 
@@ -84,7 +85,7 @@ def _whole_store(backend):
     sources = list(getattr(backend, "sources", {}).values())
     store = sources[0].store if len(sources) == 1 else None
     if store is None:
-        raise ValueError("gold KG trajectories need one in-process KG with its whole graph (--kg DIR, not --kg-url; "
+        raise InputError("gold KG trajectories need one in-process KG with its whole graph (--kg DIR, not --kg-url; "
                          "the simple KGQA format has no whole graph in subgraph mode)")
     return store
 

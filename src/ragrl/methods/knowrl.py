@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.hashing import in_hashed_share
 from ragrl.methods import Method, Score
 
@@ -80,23 +81,23 @@ class KnowRLOptions:
         for name, allowed in (("fact_mode", FACT_MODES), ("factscore", BACKENDS), ("grader", GRADERS),
                               ("verifier", VERIFIERS)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
+                raise InputError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
         if not 0.0 <= self.known_share <= 1.0 or self.read_repeats < 0 or self.question_repeats < 1:
-            raise ValueError(f"known_share={self.known_share} must be in [0, 1], read_repeats="
+            raise InputError(f"known_share={self.known_share} must be in [0, 1], read_repeats="
                              f"{self.read_repeats} >= 0 and question_repeats={self.question_repeats} >= 1")
         if self.gamma < 1 or self.top_k < 1 or not 0.0 <= self.nli_threshold <= 1.0:
-            raise ValueError(f"gamma={self.gamma} and top_k={self.top_k} must be >= 1, nli_threshold="
+            raise InputError(f"gamma={self.gamma} and top_k={self.top_k} must be >= 1, nli_threshold="
                              f"{self.nli_threshold} in [0, 1]")
         if not isinstance(self.endpoint, dict):
-            raise ValueError(f"endpoint: expected a mapping, got {self.endpoint!r}")
+            raise InputError(f"endpoint: expected a mapping, got {self.endpoint!r}")
         for k, v in self.endpoint.items():
             if k not in ENDPOINT_KEYS:
-                raise ValueError(f"endpoint.{k}: unknown setting; known: {sorted(ENDPOINT_KEYS)}")
+                raise InputError(f"endpoint.{k}: unknown setting; known: {sorted(ENDPOINT_KEYS)}")
             if not isinstance(v, ENDPOINT_KEYS[k]) or isinstance(v, bool):
-                raise ValueError(f"endpoint.{k}: wrong type {type(v).__name__}")
+                raise InputError(f"endpoint.{k}: wrong type {type(v).__name__}")
         needs_endpoint = self.factscore == "paper" or self.grader == "llm"
         if needs_endpoint and not {"base_url", "model"} <= set(self.endpoint):
-            raise ValueError("factscore: paper and grader: llm need endpoint: {base_url, model}")
+            raise InputError("factscore: paper and grader: llm need endpoint: {base_url, model}")
 
 
 # One scorer (and its fact / verdict caches) per distinct options, built on first use: the caches

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.methods import Method
 from ragrl.methods import search
 
@@ -25,7 +26,7 @@ class MultiQueryOptions:
         from ragrl.agent.environments import MULTI_QUERY_FORMATS
 
         if self.query_format not in MULTI_QUERY_FORMATS:
-            raise ValueError(f"query_format {self.query_format!r} is not one of {sorted(MULTI_QUERY_FORMATS)}")
+            raise InputError(f"query_format {self.query_format!r} is not one of {sorted(MULTI_QUERY_FORMATS)}")
 
 
 def make_environment(recipe, backends: Mapping[str, Any]):

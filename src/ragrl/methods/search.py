@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.methods import Method, Score
 
 REWARD_KEYS = ("em", "f1", "cover_em", "format", "retrieval")
@@ -51,7 +52,7 @@ def retrieval_reward(trajectory, row: Mapping[str, Any]) -> float:
 
     supporting = row.get("supporting_ids")
     if supporting is None or len(supporting) == 0:
-        raise ValueError(f"QA row {row.get('id')!r}: reward 'retrieval' needs the row's supporting_ids "
+        raise InputError(f"QA row {row.get('id')!r}: reward 'retrieval' needs the row's supporting_ids "
                          "(the passages that answer it); this dataset has none for it")
     return support_recall(recorded_turns(trajectory), list(supporting))
 
@@ -68,7 +69,7 @@ def verl_reward(weights: Mapping[str, float], trajectory: Mapping[str, Any], gol
 
     row_keys = sorted(k for k in ROW_REWARD_KEYS if weights.get(k))
     if row_keys:
-        raise ValueError(f"reward {row_keys} needs each question's supporting passages, which verl's reward "
+        raise InputError(f"reward {row_keys} needs each question's supporting passages, which verl's reward "
                          "function does not get; train with rl.backend: local")
     parts = {key: composite_reward(trajectory, golds, {key: 1.0}, tools) for key in REWARD_KEYS
              if key not in ROW_REWARD_KEYS}

@@ -82,7 +82,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragrl.errors import DataFormatError
+from ragrl.errors import DataFormatError, InputError
 from ragrl.results import paired
 from ragrl.results.query import one_line, quote_ident, sql_literal
 from ragrl.results.tables import TableSpec, check_spec, normalize_spec, table_sql
@@ -390,15 +390,15 @@ def build_database(
     the runs it names must have manifests among `runs`."""
     db_path = Path(db_path)
     if not isinstance(main_metric, str) or not main_metric:
-        raise ValueError(f"main_metric must be a non-empty string, got {main_metric!r}")
+        raise InputError(f"main_metric must be a non-empty string, got {main_metric!r}")
     for rule, n in rule_gpus.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"rule_gpus[{rule!r}] must be a non-negative integer, got {n!r}")
+            raise InputError(f"rule_gpus[{rule!r}] must be a non-negative integer, got {n!r}")
     specs: list[TableSpec] = [normalize_spec(s, default_metric=main_metric) for s in table_specs]
     names = [s.name for s in specs]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
-        raise ValueError(f"table spec name(s) used more than once: {', '.join(dups)}")
+        raise InputError(f"table spec name(s) used more than once: {', '.join(dups)}")
 
     # --- runs
     run_rows: list[dict[str, Any]] = []
@@ -445,7 +445,7 @@ def build_database(
             type_rows += [(run_id, dataset, kind, m, v, sub_n, *sub_ci.get(m, (None, None)))
                           for m, v in sub_metrics.items()]
     if eval_rows and main_metric not in {r[2] for r in eval_rows}:
-        raise ValueError(f"main metric {main_metric!r} appears in no metrics.json "
+        raise InputError(f"main metric {main_metric!r} appears in no metrics.json "
                          f"(metrics: {', '.join(sorted({r[2] for r in eval_rows}))})")
 
     # --- predictions
@@ -496,7 +496,7 @@ def build_database(
                        bench, dict(rule_gpus), specs, main_metric, lineages)
             con.execute("CHECKPOINT")
         except duckdb.Error as exc:
-            raise ValueError(f"{db_path}: building the results database failed: "
+            raise InputError(f"{db_path}: building the results database failed: "
                              f"{one_line(exc)}") from exc
         finally:
             con.close()

@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ragrl.errors import InputError
+
 RESAMPLES = 2000
 SEED = 0
 LEVEL = 0.95
@@ -75,26 +77,26 @@ def parse_lineage(obj: Mapping[str, Any], runs: Mapping[str, tuple[str, str]] | 
     the result covers them all, in their order: a run without an entry is its own recipe's family
     at its stage, linked to nothing. Links must name runs of the result, never the run itself."""
     if not isinstance(obj, Mapping):
-        raise ValueError(f"lineage must be an object of run -> fields, got {type(obj).__name__}")
+        raise InputError(f"lineage must be an object of run -> fields, got {type(obj).__name__}")
     out: dict[str, Lineage] = {}
     for run, fields in obj.items():
         where = f"lineage of run {run!r}"
         if runs is not None and run not in runs:
-            raise ValueError(f"{where}: no such run among the run manifests")
+            raise InputError(f"{where}: no such run among the run manifests")
         if not isinstance(fields, Mapping):
-            raise ValueError(f"{where}: expected an object, got {fields!r}")
+            raise InputError(f"{where}: expected an object, got {fields!r}")
         unknown = sorted(set(fields) - set(LINEAGE_FIELDS))
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(LINEAGE_FIELDS)}")
+            raise InputError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(LINEAGE_FIELDS)}")
         for key in ("family", "step"):
             if not isinstance(fields.get(key), str) or not fields[key]:
-                raise ValueError(f"{where}: '{key}' must be a non-empty string, got {fields.get(key)!r}")
+                raise InputError(f"{where}: '{key}' must be a non-empty string, got {fields.get(key)!r}")
         for key in LINKS:
             value = fields.get(key)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{where}: '{key}' must be a run id or null, got {value!r}")
+                raise InputError(f"{where}: '{key}' must be a run id or null, got {value!r}")
             if value == run:
-                raise ValueError(f"{where}: '{key}' names the run itself")
+                raise InputError(f"{where}: '{key}' names the run itself")
         out[run] = Lineage(**{k: fields.get(k) for k in LINEAGE_FIELDS})
     if runs is not None:  # in the runs' order (the workflow's), which pairs and figures follow
         out = {run: out.get(run) or Lineage(recipe, stage) for run, (recipe, stage) in runs.items()}
@@ -102,7 +104,7 @@ def parse_lineage(obj: Mapping[str, Any], runs: Mapping[str, tuple[str, str]] | 
         for key in LINKS:
             target = lin.link(key)
             if target is not None and target not in out:
-                raise ValueError(f"lineage of run {run!r}: '{key}' names {target!r}, which is not a run")
+                raise InputError(f"lineage of run {run!r}: '{key}' names {target!r}, which is not a run")
     return out
 
 
@@ -281,7 +283,7 @@ def paired_rows(con, pairs: Sequence[Pair], lineage: Mapping[str, Lineage],
                 ids = [v[0] for v in values]
                 if len(set(ids)) != len(ids):
                     dup = next(i for i in ids if ids.count(i) > 1)
-                    raise ValueError(f"question id {dup!r} appears more than once in the predictions of run "
+                    raise InputError(f"question id {dup!r} appears more than once in the predictions of run "
                                      f"{pair.run!r} or {pair.baseline!r} on {dataset!r}: cannot pair")
                 xs, ys = [v[1] for v in values], [v[2] for v in values]
                 diff, low, high = paired_bootstrap(xs, ys, resamples=resamples, seed=seed, level=level)

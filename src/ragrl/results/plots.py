@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_path
 from ragrl.paths import safe_name
 from ragrl.results.paired import LINKS, Lineage, family_order
@@ -188,7 +189,7 @@ def plot_training(db_path: str | os.PathLike, out_dir: str | os.PathLike) -> lis
     for (run_id,) in runs:
         path = out_dir / f"{safe_name(run_id)}_training.png"
         if path in paths:
-            raise ValueError(f"runs {paths[path]!r} and {run_id!r} map to the same plot file "
+            raise InputError(f"runs {paths[path]!r} and {run_id!r} map to the same plot file "
                              f"{path.name}")
         paths[path] = run_id
     columns = _train_columns(db_path) if paths else set()
@@ -409,7 +410,7 @@ def metrics_figure(db_path: str | os.PathLike, metric: str):
     res = _load(db_path)
     if not any(m == metric for (_, _, m) in res.values):
         have = sorted({m for (_, _, m) in res.values})
-        raise ValueError(f"metric {metric!r} not in the results database (have: {', '.join(have) or 'none'})")
+        raise InputError(f"metric {metric!r} not in the results database (have: {', '.join(have) or 'none'})")
     shown = res.shown(metric)
     panels = []  # (title, runs, dataset)
     for family in res.families:
@@ -525,7 +526,7 @@ def plot_families(db_path: str | os.PathLike, out_dir: str | os.PathLike) -> lis
     for family in res.families:
         path = Path(out_dir) / f"family_{safe_name(family)}.png"
         if path in paths:
-            raise ValueError(f"families {paths[path]!r} and {family!r} map to the same plot file {path.name}")
+            raise InputError(f"families {paths[path]!r} and {family!r} map to the same plot file {path.name}")
         paths[path] = family
     for path, family in paths.items():
         _save(family_figure(db_path, family, res), path)

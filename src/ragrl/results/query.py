@@ -38,6 +38,8 @@ from typing import Any
 
 import duckdb
 
+from ragrl.errors import InputError
+
 FORMATS = ("table", "csv", "json", "parquet")
 _MAX_CELL = 60
 
@@ -110,7 +112,7 @@ def connect_read_only(db_path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(str(path), read_only=True, config=dict(SANDBOX))
     except duckdb.Error as exc:
-        raise ValueError(f"{path}: cannot open results database: {one_line(exc)}") from exc
+        raise InputError(f"{path}: cannot open results database: {one_line(exc)}") from exc
 
 
 def fetch(db_path: str | os.PathLike, sql: str, params: Sequence[Any] | None = None
@@ -122,7 +124,7 @@ def fetch(db_path: str | os.PathLike, sql: str, params: Sequence[Any] | None = N
         columns = [d[0] for d in cur.description or []]
         return columns, cur.fetchall()
     except duckdb.Error as exc:
-        raise ValueError(f"query failed: {one_line(exc)}") from exc
+        raise InputError(f"query failed: {one_line(exc)}") from exc
     finally:
         con.close()
 
@@ -216,9 +218,9 @@ def query(db_path: str | os.PathLike, sql: str, fmt: str = "table",
     from ragrl.io import write_parquet
 
     if fmt not in FORMATS:
-        raise ValueError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise InputError(f"unknown output format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt == "parquet" and out is None:
-        raise ValueError("parquet output needs an output file (--out)")
+        raise InputError("parquet output needs an output file (--out)")
     con = connect_read_only(db_path)
     try:
         try:
@@ -232,16 +234,16 @@ def query(db_path: str | os.PathLike, sql: str, fmt: str = "table",
                 columns, types, arrow = list(rel.columns), [str(t) for t in rel.types], None
                 rows = rel.fetchall()
         except duckdb.PermissionException as exc:
-            raise ValueError(f"query failed: {one_line(exc)} (ragrl query reads the results database only; "
+            raise InputError(f"query failed: {one_line(exc)} (ragrl query reads the results database only; "
                              "use --out to write the result)") from exc
         except duckdb.Error as exc:
-            raise ValueError(f"query failed: {one_line(exc)}") from exc
+            raise InputError(f"query failed: {one_line(exc)}") from exc
     finally:
         con.close()
 
     if fmt == "parquet":
         if arrow is None:
-            raise ValueError("query failed: the statement returned no result set to write")
+            raise InputError("query failed: the statement returned no result set to write")
         write_parquet(arrow, out)
         return
     if fmt == "table":

@@ -47,6 +47,7 @@ from typing import Any
 
 import duckdb
 
+from ragrl.errors import InputError
 from ragrl.results.query import (
     connect_read_only,
     one_line,
@@ -81,13 +82,13 @@ class TableSpec:
 
 def _str_list(value: Any, what: str, where: str) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not value:
-        raise ValueError(f"{where}: '{what}' must be a non-empty list of names")
+        raise InputError(f"{where}: '{what}' must be a non-empty list of names")
     for item in value:
         if not isinstance(item, str) or not item:
-            raise ValueError(f"{where}: '{what}' must hold non-empty strings, got {item!r}")
+            raise InputError(f"{where}: '{what}' must hold non-empty strings, got {item!r}")
     dups = sorted({x for x in value if list(value).count(x) > 1})
     if dups:
-        raise ValueError(f"{where}: '{what}' lists {', '.join(dups)} more than once")
+        raise InputError(f"{where}: '{what}' lists {', '.join(dups)} more than once")
     return tuple(value)
 
 
@@ -96,34 +97,34 @@ def normalize_spec(spec: Mapping[str, Any] | TableSpec, *, default_metric: str =
     if isinstance(spec, TableSpec):
         return spec
     if not isinstance(spec, Mapping):
-        raise ValueError(f"table spec must be a mapping, got {type(spec).__name__}")
+        raise InputError(f"table spec must be a mapping, got {type(spec).__name__}")
     name = spec.get("name")
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(f"table spec name {name!r} must match {_NAME_RE.pattern} "
+        raise InputError(f"table spec name {name!r} must match {_NAME_RE.pattern} "
                          "(it names the view and the output files)")
     where = f"table spec '{name}'"
     unknown = sorted(set(spec) - SPEC_KEYS)
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; "
+        raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}; "
                          f"allowed: {', '.join(sorted(SPEC_KEYS))}")
     runs = None if spec.get("runs") is None else _str_list(spec["runs"], "runs", where)
     datasets = (None if spec.get("datasets") is None
                 else _str_list(spec["datasets"], "datasets", where))
     metric = spec.get("metric", default_metric)
     if not isinstance(metric, str) or not metric:
-        raise ValueError(f"{where}: 'metric' must be a non-empty string")
+        raise InputError(f"{where}: 'metric' must be a non-empty string")
     hib = spec.get("higher_is_better", True)
     if hib is not None and not isinstance(hib, bool):
-        raise ValueError(f"{where}: 'higher_is_better' must be true, false or null (neither), got {hib!r}")
+        raise InputError(f"{where}: 'higher_is_better' must be true, false or null (neither), got {hib!r}")
     label = spec.get("label", "run_id")
     if not isinstance(label, str) or not label:
-        raise ValueError(f"{where}: 'label' must be a column name of the runs table")
+        raise InputError(f"{where}: 'label' must be a column name of the runs table")
     precision = spec.get("precision", 3)
     if isinstance(precision, bool) or not isinstance(precision, int) or not 0 <= precision <= 12:
-        raise ValueError(f"{where}: 'precision' must be an integer from 0 to 12, got {precision!r}")
+        raise InputError(f"{where}: 'precision' must be an integer from 0 to 12, got {precision!r}")
     title = spec.get("title", name)
     if not isinstance(title, str):
-        raise ValueError(f"{where}: 'title' must be a string")
+        raise InputError(f"{where}: 'title' must be a string")
     return TableSpec(name, title, runs, datasets, metric, hib, label, precision)
 
 
@@ -186,17 +187,17 @@ def check_spec(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> None:
         "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs' "
         "ORDER BY ordinal_position").fetchall()]
     if spec.label not in run_columns:
-        raise ValueError(f"{where}: label {spec.label!r} is not a column of runs "
+        raise InputError(f"{where}: label {spec.label!r} is not a column of runs "
                          f"({', '.join(run_columns)})")
     metrics = {r[0] for r in con.execute("SELECT DISTINCT metric FROM evals").fetchall()}
     if spec.metric not in metrics:
-        raise ValueError(f"{where}: metric {spec.metric!r} not in the database "
+        raise InputError(f"{where}: metric {spec.metric!r} not in the database "
                          f"(have: {', '.join(sorted(metrics)) or 'none'})")
     if spec.runs is not None:
         known = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
         missing = [r for r in spec.runs if r not in known]
         if missing:
-            raise ValueError(f"{where}: run(s) {', '.join(missing)} not in the database")
+            raise InputError(f"{where}: run(s) {', '.join(missing)} not in the database")
     if spec.datasets is not None:
         known = {r[0] for r in con.execute("SELECT DISTINCT dataset FROM evals").fetchall()}
         if _has_table(con, "evals_by_type"):
@@ -204,7 +205,7 @@ def check_spec(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> None:
                 "SELECT DISTINCT dataset || ':' || question_type FROM evals_by_type").fetchall()}
         missing = [d for d in spec.datasets if d not in known]
         if missing:
-            raise ValueError(f"{where}: dataset(s) {', '.join(missing)} not in the database")
+            raise InputError(f"{where}: dataset(s) {', '.join(missing)} not in the database")
 
 
 def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
@@ -375,11 +376,11 @@ def _load_specs(db_path: str | os.PathLike, specs: Sequence[Mapping[str, Any]], 
         names = [s.name for s in norm]
         dups = sorted({n for n in names if names.count(n) > 1})
         if dups:
-            raise ValueError(f"table spec name(s) used more than once: {', '.join(dups)}")
+            raise InputError(f"table spec name(s) used more than once: {', '.join(dups)}")
         try:
             return [load(con, s) for s in norm]
         except duckdb.Error as exc:
-            raise ValueError(f"{db_path}: rendering {what} failed: {one_line(exc)}") from exc
+            raise InputError(f"{db_path}: rendering {what} failed: {one_line(exc)}") from exc
     finally:
         con.close()
 
@@ -410,7 +411,7 @@ class DeltaData:
 def load_delta(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> DeltaData:
     """The `paired` rows of a table: its metric, pairs of two of its runs, its datasets."""
     if not _has_table(con, "paired"):
-        raise ValueError(f"table spec '{spec.name}': the database has no paired table (built before paired "
+        raise InputError(f"table spec '{spec.name}': the database has no paired table (built before paired "
                          "comparisons existed); rebuild it")
     rows = con.execute(f"SELECT {', '.join(DELTA_COLUMNS)} FROM paired WHERE metric = ? ORDER BY rowid",
                        [spec.metric]).fetchall()

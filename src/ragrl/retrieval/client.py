@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from ragrl.errors import InputError
 from ragrl.http_retry import request_with_retries
 
 from ragrl.retrieval import Hit
@@ -40,7 +41,7 @@ class RetrievalClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if retries < 0 or batch_size < 1:
-            raise ValueError("retries must be >= 0 and batch_size >= 1")
+            raise InputError("retries must be >= 0 and batch_size >= 1")
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff = backoff

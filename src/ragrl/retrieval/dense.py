@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_dir, atomic_path, write_json
 from ragrl.paths import relative_to_dir
 from ragrl.progress import progress
@@ -49,9 +50,9 @@ DEFAULT_EF_SEARCH = 128
 def shard_range(num_rows: int, shard: int, num_shards: int) -> tuple[int, int]:
     """Rows [start, stop) of `shard`: contiguous, covering all rows, sizes differing by at most 1."""
     if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        raise InputError(f"num_shards must be >= 1, got {num_shards}")
     if not 0 <= shard < num_shards:
-        raise ValueError(f"shard must be in [0, {num_shards}), got {shard}")
+        raise InputError(f"shard must be in [0, {num_shards}), got {shard}")
     return shard * num_rows // num_shards, (shard + 1) * num_rows // num_shards
 
 
@@ -147,18 +148,18 @@ class _Shard:
 
 def _open_shards(shard_paths: Sequence[str | Path]) -> list[_Shard]:
     if not shard_paths:
-        raise ValueError("build_faiss_index needs at least one embedding shard")
+        raise InputError("build_faiss_index needs at least one embedding shard")
     shards = []
     for p in map(Path, shard_paths):
         arr = np.load(p, mmap_mode="r", allow_pickle=False)
         if arr.ndim != 2 or arr.dtype != np.float32:
-            raise ValueError(f"{p}: expected a 2-D float32 array, got {arr.dtype} with shape {arr.shape}")
+            raise InputError(f"{p}: expected a 2-D float32 array, got {arr.dtype} with shape {arr.shape}")
         side = shard_meta_path(p)
         meta = _read_json(side) if side.exists() else None
         shards.append(_Shard(p, arr, meta))
     dims = {s.array.shape[1] for s in shards}
     if len(dims) != 1:
-        raise ValueError(f"embedding shards disagree on dimension: {sorted(dims)}")
+        raise InputError(f"embedding shards disagree on dimension: {sorted(dims)}")
     return shards
 
 
@@ -173,22 +174,22 @@ def _check_shard_layout(shards: list[_Shard]) -> dict[str, Any]:
         return {}
     if any(m is None for m in metas):
         missing = [str(s.path) for s in shards if s.meta is None]
-        raise ValueError(f"some shards have no sidecar <shard>.json: {missing}")
+        raise InputError(f"some shards have no sidecar <shard>.json: {missing}")
     expected = 0
     for s in shards:
         m = s.meta
         if m["start"] != expected:
-            raise ValueError(f"{s.path}: starts at row {m['start']}, expected {expected}; are shards missing or out of order?")
+            raise InputError(f"{s.path}: starts at row {m['start']}, expected {expected}; are shards missing or out of order?")
         if m["stop"] - m["start"] != s.array.shape[0]:
-            raise ValueError(f"{s.path}: sidecar says {m['stop'] - m['start']} rows, file has {s.array.shape[0]}")
+            raise InputError(f"{s.path}: sidecar says {m['stop'] - m['start']} rows, file has {s.array.shape[0]}")
         expected = m["stop"]
     first = metas[0]
     for s in shards[1:]:
         diff = {k for k in (*_ENCODING_KEYS, "passages") if s.meta.get(k) != first.get(k)}
         if diff:
-            raise ValueError(f"{s.path}: encoded differently from {shards[0].path} (fields {sorted(diff)})")
+            raise InputError(f"{s.path}: encoded differently from {shards[0].path} (fields {sorted(diff)})")
     if expected != first["num_passages"]:
-        raise ValueError(f"shards cover {expected} rows but the passages file has {first['num_passages']}")
+        raise InputError(f"shards cover {expected} rows but the passages file has {first['num_passages']}")
     return {k: first[k] for k in (*_ENCODING_KEYS, "passages", "num_passages") if k in first}
 
 
@@ -276,7 +277,7 @@ def build_faiss_index(
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, got {metric!r}")
     if add_chunk < 1 or train_sample < 1:
-        raise ValueError("add_chunk and train_sample must be >= 1")
+        raise InputError("add_chunk and train_sample must be >= 1")
     started = time.monotonic()
     shards = _open_shards(shard_paths)
     info = {**_check_shard_layout(shards), **(encoder_info or {})}
@@ -286,7 +287,7 @@ def build_faiss_index(
     try:
         index = faiss.index_factory(dim, index_factory, METRICS[metric])
     except RuntimeError as exc:
-        raise ValueError(f"FAISS index factory {index_factory!r} for {dim}-dimensional embeddings: "
+        raise InputError(f"FAISS index factory {index_factory!r} for {dim}-dimensional embeddings: "
                          f"{faiss_reason(str(exc))}") from None
     skipped_polysemous = _skip_polysemous_training(index)
 
@@ -391,7 +392,7 @@ def load_faiss_index(
     index_dir = Path(index_dir)
     meta = _read_json(index_dir / META_FILE)
     if meta.get("kind") != "dense":
-        raise ValueError(f"{index_dir}: not a dense index (meta kind={meta.get('kind')!r})")
+        raise InputError(f"{index_dir}: not a dense index (meta kind={meta.get('kind')!r})")
     index = faiss.read_index(str(index_dir / INDEX_FILE))
     on_gpu = False
     if faiss_on_gpu(use_gpu):

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ragrl.errors import InputError
 from ragrl.models import resolve_model_path
 from ragrl.progress import progress
 
@@ -52,7 +53,7 @@ class Encoder:
         device: str | None = None,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise InputError(f"batch_size must be >= 1, got {batch_size}")
         # Imported here: sentence-transformers pulls in torch + transformers (seconds), which the
         # BM25-only paths and the HTTP client never need.
         from sentence_transformers import SentenceTransformer

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import httpx
 import numpy as np
 
+from ragrl.errors import InputError
 from ragrl.http_retry import api_url, request_with_retries
 
 
@@ -25,7 +26,7 @@ class EndpointEncoder:
                  timeout_s: float = 120.0, retries: int = 3, query_prefix: str = "",
                  transport: httpx.BaseTransport | None = None) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise InputError(f"batch_size must be >= 1, got {batch_size}")
         self.url = api_url(base_url, "embeddings")
         self.model, self.batch_size, self.retries, self.query_prefix = model, batch_size, retries, query_prefix
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
+from ragrl.errors import InputError
 from ragrl.io import read_columns, write_json, write_text
 from ragrl.progress import progress
 
@@ -29,7 +30,7 @@ def evaluate_retrieval(searcher, qa_path: str | Path, ks: Sequence[int], batch_s
     table = read_columns(qa_path, ["question", "supporting_ids"]).to_pydict()
     items = [(q, s) for q, s in zip(table["question"], table["supporting_ids"]) if s]
     if not items:
-        raise ValueError(f"{qa_path}: no question has supporting_ids; recall cannot be measured")
+        raise InputError(f"{qa_path}: no question has supporting_ids; recall cannot be measured")
     kmax = max(ks)
     sums = {k: {"recall": 0.0, "hit": 0.0, "all": 0.0} for k in ks}
     batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]

@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from ragrl.errors import InputError
 from ragrl.io import read_columns
 from ragrl.retrieval import Hit
 
@@ -95,5 +96,5 @@ def _passages_named(passages: str | Path, ids_by_question: dict[str, list[str]],
     found = {str(p["id"]): p for p in table if str(p["id"]) in wanted}
     missing = sorted(wanted - set(found))
     if missing:
-        raise ValueError(f"{what} id(s) {', '.join(missing[:5])} not in {passages}")
+        raise InputError(f"{what} id(s) {', '.join(missing[:5])} not in {passages}")
     return found

@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import torch
 
+from ragrl.errors import InputError
+
 
 def _check(scores: torch.Tensor, k: int, alpha: float) -> None:
     if scores.dim() < 1:
         raise ValueError("Plackett-Luce scores must have at least one dimension (the pool)")
     pool = scores.shape[-1]
     if k < 1:
-        raise ValueError(f"Plackett-Luce draw of k={k} documents: k must be >= 1")
+        raise InputError(f"Plackett-Luce draw of k={k} documents: k must be >= 1")
     if k > pool:
-        raise ValueError(f"Plackett-Luce draw of k={k} documents from a pool of only {pool}: "
+        raise InputError(f"Plackett-Luce draw of k={k} documents from a pool of only {pool}: "
                          "the index returned fewer candidates than the draw needs (raise the pool size K "
                          "or lower k)")
     if not alpha > 0:
-        raise ValueError(f"Plackett-Luce temperature alpha={alpha} must be > 0")
+        raise InputError(f"Plackett-Luce temperature alpha={alpha} must be > 0")
     if not bool(torch.isfinite(scores).all()):
         bad = int((~torch.isfinite(scores)).sum())
         raise ValueError(f"Plackett-Luce pool has {bad} non-finite score(s); drop missing candidates "

@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ragrl.errors import InputError
+
 STATEFUL_RETRIEVAL_INSTRUCTION = (
     "Given an Original Question that requires multi-hop retrieval and the History (i.e., the completed hops), "
     "retrieve relevant passages for the Query (i.e., the current hop) that help answer the Original Question."
@@ -84,6 +86,6 @@ def encoder_input(state: str, instruction: str, template: str = INSTRUCT_TEMPLAT
     Plain str.replace rather than str.format: a question or a hop may contain braces.
     """
     if "{state}" not in template:
-        raise ValueError(f"query template {template!r} has no {{state}} placeholder: the encoder would never "
+        raise InputError(f"query template {template!r} has no {{state}} placeholder: the encoder would never "
                          "see the query")
     return template.replace("{instruction}", instruction).replace("{state}", state)

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragrl.errors import InputError
 from ragrl.retrieval import Hit
 from ragrl.retrieval.dense import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, META_FILE, DenseIndex, load_faiss_index
 from ragrl.retrieval.encoder import Encoder
@@ -35,7 +36,7 @@ class PassageStore:
     def __init__(self, table: pa.Table) -> None:
         missing = set(self.COLUMNS) - set(table.column_names)
         if missing:
-            raise ValueError(f"passages table lacks columns {sorted(missing)}")
+            raise InputError(f"passages table lacks columns {sorted(missing)}")
         self.table = table.select(list(self.COLUMNS)).combine_chunks()
 
     @classmethod
@@ -58,7 +59,7 @@ class DenseRetriever:
         for key in ("query_prefix", "passage_prefix", "model"):
             built, now = index.meta.get(key), getattr(encoder, "model_name" if key == "model" else key)
             if built is not None and built != now:
-                raise ValueError(f"index was built with {key}={built!r} but the encoder uses {now!r}")
+                raise InputError(f"index was built with {key}={built!r} but the encoder uses {now!r}")
         self.encoder = encoder
         self.index = index
 
@@ -82,14 +83,14 @@ class Searcher:
     ) -> None:
         mode = mode or ("hybrid" if dense and bm25 else "dense" if dense else "bm25")
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise InputError(f"mode must be one of {MODES}, got {mode!r}")
         if mode in ("dense", "hybrid") and dense is None:
-            raise ValueError(f"mode {mode!r} needs a dense index")
+            raise InputError(f"mode {mode!r} needs a dense index")
         if mode in ("bm25", "hybrid") and bm25 is None:
-            raise ValueError(f"mode {mode!r} needs a BM25 index")
+            raise InputError(f"mode {mode!r} needs a BM25 index")
         for name, part in (("dense", dense and dense.index), ("bm25", bm25)):
             if part is not None and part.ntotal != len(passages):
-                raise ValueError(f"{name} index has {part.ntotal} rows but the passages have {len(passages)}")
+                raise InputError(f"{name} index has {part.ntotal} rows but the passages have {len(passages)}")
         self.passages = passages
         self.dense = dense
         self.bm25 = bm25
@@ -102,7 +103,7 @@ class Searcher:
     def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
         queries = list(queries)
         if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
+            raise InputError(f"topk must be >= 1, got {topk}")
         if not queries:
             return []
         if self.mode == "dense":
@@ -169,7 +170,7 @@ def _meta(index_dir: str | Path) -> dict[str, Any]:
 
 def _passages_path(recorded: str | None, index_dir: Path) -> Path:
     if not recorded:
-        raise ValueError(f"{index_dir / META_FILE} records no passages file; give it with --passages")
+        raise InputError(f"{index_dir / META_FILE} records no passages file; give it with --passages")
     # Meta records the path relative to the index dir (or absolute); indexes built before that
     # recorded it relative to the directory they were built from, tried last.
     for candidate in (index_dir / recorded, Path(recorded)):
@@ -197,12 +198,12 @@ def load_searcher(
     prefixes, max length), so queries are encoded exactly as the passages were."""
     dirs = [Path(d) for d in (index_dir, bm25_dir) if d is not None]
     if not dirs:
-        raise ValueError("load_searcher needs index_dir and/or bm25_dir")
+        raise InputError("load_searcher needs index_dir and/or bm25_dir")
     by_kind: dict[str, Path] = {}
     for d in dirs:
         kind = _meta(d).get("kind")
         if kind not in ("dense", "bm25") or kind in by_kind:
-            raise ValueError(f"{d}: unexpected or duplicate index kind {kind!r}")
+            raise InputError(f"{d}: unexpected or duplicate index kind {kind!r}")
         by_kind[kind] = d
 
     dense = bm25 = None
@@ -210,7 +211,7 @@ def load_searcher(
         index = load_faiss_index(by_kind["dense"], use_gpu=use_gpu, nprobe=nprobe, ef_search=ef_search)
         meta = index.meta
         if not meta.get("model"):
-            raise ValueError(f"{by_kind['dense']}: meta names no encoder model; cannot encode queries")
+            raise InputError(f"{by_kind['dense']}: meta names no encoder model; cannot encode queries")
         encoder = Encoder(
             meta["model"],
             query_prefix=meta.get("query_prefix", ""),

@@ -41,6 +41,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from ragrl.errors import InputError
 from ragrl.http_server import BackgroundServer, BadBody, HttpLimits, parse_json_body, unencodable_at
 from ragrl.http_server import run as run_http
 from ragrl.retrieval import Hit
@@ -242,7 +243,7 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI app. `searcher` is a Searcher or any `search(queries, topk)` callable."""
     if max_batch < 1 or max_topk < 1 or batch_window_ms < 0 or max_queries < 1:
-        raise ValueError("max_batch, max_topk and max_queries must be >= 1 and batch_window_ms >= 0")
+        raise InputError("max_batch, max_topk and max_queries must be >= 1 and batch_window_ms >= 0")
     limits = Limits(
         max_batch=max_batch,
         max_topk=max_topk,

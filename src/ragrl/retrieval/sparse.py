@@ -71,7 +71,7 @@ def build_bm25(
     pf = pq.ParquetFile(passages_parquet)
     n = pf.metadata.num_rows
     if n == 0:
-        raise ValueError(f"{passages_parquet}: no passages to index")
+        raise InputError(f"{passages_parquet}: no passages to index")
     doc_ids: list[list[int]] = []
     batches = pf.iter_batches(batch_size=batch_rows, columns=["title", "text"])
     for batch in progress(batches, desc="bm25 tokenize", total=math.ceil(n / batch_rows), unit="batch"):
@@ -161,7 +161,7 @@ def load_bm25(index_dir: str | Path, *, mmap: bool = False) -> BM25Index:
     index_dir = Path(index_dir)
     meta = json.loads((index_dir / META_FILE).read_text())
     if meta.get("kind") != "bm25":
-        raise ValueError(f"{index_dir}: not a BM25 index (meta kind={meta.get('kind')!r})")
+        raise InputError(f"{index_dir}: not a BM25 index (meta kind={meta.get('kind')!r})")
     tokenizer = _make_tokenizer(load_stemmer(meta["stemmer"]))
     tokenizer.load_vocab(index_dir)
     tokenizer.load_stopwords(index_dir)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ragrl.agent.protocol import TurnRecord, parse_action, parse_turns
+from ragrl.errors import InputError
 from ragrl.kg.environment import KG_SPEC
 from ragrl.kg.ops import Status, status_of_message
 from ragrl.kg.query_parser import KGQuery, parse_query
@@ -224,7 +225,7 @@ def weighted_sum(components: Mapping[str, float], weights: Mapping[str, float],
     allowed = set(known) if known is not None else set(components)
     unknown = set(weights) - allowed
     if unknown:
-        raise ValueError(f"unknown reward weight(s) {sorted(unknown)}; expected some of {sorted(allowed)}")
+        raise InputError(f"unknown reward weight(s) {sorted(unknown)}; expected some of {sorted(allowed)}")
     return float(sum(float(w) * float(components.get(k, 0.0)) for k, w in weights.items() if w))
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from ragrl.errors import InputError
 from ragrl.rewards.qa import exact_match, normalize_answer
 
 CORRECTNESS = {"correct": 2.0, "not_attempted": 1.0, "incorrect": -1.0, "unparsed": 0.0}
@@ -87,7 +88,7 @@ def knowrl_reward(fmt: float, grade: str, factuality: float, *, fact_mode: str =
                   ) -> tuple[float, dict[str, float]]:
     """The total reward and every component for the log."""
     if fact_mode not in FACT_MODES:
-        raise ValueError(f"fact_mode {fact_mode!r}: expected one of {FACT_MODES}")
+        raise InputError(f"fact_mode {fact_mode!r}: expected one of {FACT_MODES}")
     weights = {"format": 1.0, "correct": 1.0, "fact": 1.0} if weights is None else weights
     correct = CORRECTNESS.get(grade, 0.0)
     applied = fact_mode == "additive" or grade == "incorrect"

@@ -24,6 +24,7 @@ from ragrl.agent.protocol import (
     recorded_turns,
 )
 from ragrl.agent.protocol import split_information as split_observations
+from ragrl.errors import InputError
 
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -122,7 +123,7 @@ def turns_format_reward(turns: Sequence[TurnRecord], tools: str | Sequence[str] 
     tools = (tools,) if isinstance(tools, str) else tuple(tools)
     unknown = [t for t in tools if t not in ACTION_NAMES or t == "answer"]
     if unknown:
-        raise ValueError(f"unknown tool action(s) {unknown}; expected some of {[a for a in ACTION_NAMES if a != 'answer']}")
+        raise InputError(f"unknown tool action(s) {unknown}; expected some of {[a for a in ACTION_NAMES if a != 'answer']}")
     if not turns:
         return 0.0
     last = len(turns) - 1
@@ -141,7 +142,7 @@ def support_recall(turns: Sequence[TurnRecord], supporting_ids: Sequence[str]) -
     passage is found, so padding a response with searches does not pay."""
     wanted = {str(i) for i in supporting_ids}
     if not wanted:
-        raise ValueError("support_recall needs the question's supporting passage ids (QA column supporting_ids)")
+        raise InputError("support_recall needs the question's supporting passage ids (QA column supporting_ids)")
     seen = {pid for turn in turns for pid in turn.retrieved}
     return len(wanted & seen) / len(wanted)
 
@@ -183,7 +184,7 @@ def composite_reward(trajectory, golds: str | Iterable[str], weights: Mapping[st
     answer = trajectory["answer"] if isinstance(trajectory, Mapping) else trajectory.answer
     unknown = set(weights) - set(METRICS) - {"format"}
     if unknown:
-        raise ValueError(f"unknown reward weight(s) {sorted(unknown)}; expected {sorted([*METRICS, 'format'])}")
+        raise InputError(f"unknown reward weight(s) {sorted(unknown)}; expected {sorted([*METRICS, 'format'])}")
     total = 0.0
     for key, w in weights.items():
         if not w:

@@ -13,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.recipe import Recipe, serve_settings, sft_args
 from ragrl.serving import ServerSpec, model_server, resolve_endpoint
 from ragrl.serving import api_key as endpoint_api_key
@@ -40,13 +41,13 @@ def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: 
         from ragrl.retrieval.oracle import RankingRetriever
 
         if passages is None:
-            raise ValueError("a ranking retriever needs --passages (the corpus the ranked ids point into)")
+            raise InputError("a ranking retriever needs --passages (the corpus the ranked ids point into)")
         backends["retriever"] = RankingRetriever(passages, ranking)
     elif oracle_qa is not None:
         from ragrl.retrieval.oracle import OracleRetriever
 
         if passages is None:
-            raise ValueError("oracle retrieval needs --passages (the corpus the supporting ids point into)")
+            raise InputError("oracle retrieval needs --passages (the corpus the supporting ids point into)")
         backends["retriever"] = OracleRetriever(passages, oracle_qa, fill=searcher() if indexed else None)
     elif indexed:
         backends["retriever"] = searcher()
@@ -66,7 +67,7 @@ def environment(recipe: Recipe, backends: Mapping[str, Any]):
     missing = [kind for kind in recipe.method.inputs if backends.get(kind) is None]
     if missing:
         flags = {"retriever": "--index/--bm25", "graph": "--kg/--kg-url"}
-        raise ValueError(f"recipe {recipe.name!r} (method {recipe.env!r}) needs {', '.join(flags[m] for m in missing)}")
+        raise InputError(f"recipe {recipe.name!r} (method {recipe.env!r}) needs {', '.join(flags[m] for m in missing)}")
     return recipe.method.make_environment(recipe, backends)
 
 
@@ -182,9 +183,9 @@ def evaluate_run(recipe: Recipe, model: Path, datasets: Sequence[tuple[str, Path
 
     names = [name for name, _, _ in datasets]
     if not names:
-        raise ValueError(f"run {run_id!r}: no dataset to evaluate")
+        raise InputError(f"run {run_id!r}: no dataset to evaluate")
     if len(set(names)) != len(names):
-        raise ValueError(f"run {run_id!r}: dataset named twice in {names}")
+        raise InputError(f"run {run_id!r}: dataset named twice in {names}")
     generator, tokenizer = load_policy(model)
     with served_endpoints(recipe, server_log_dir):
         return {name: evaluate(recipe, model, qa, backends, Path(out_dir) / name, run_id=run_id, dataset=name,

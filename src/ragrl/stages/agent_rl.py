@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_path, read_columns
 from ragrl.recipe import Recipe, rl_config
 
@@ -84,7 +85,7 @@ def rollout_engine(recipe: Recipe) -> tuple[str, str | None]:
         # One server per trainer process would need each process's share of the GPUs and its own
         # sync; not built (docs/RL.md).
         if engine == "vllm":
-            raise ValueError(f"config key '{key}': vllm rollouts run with one trainer process, not {world} "
+            raise InputError(f"config key '{key}': vllm rollouts run with one trainer process, not {world} "
                              "(WORLD_SIZE); use hf or auto under a multi-process launch")
         print(f"[rl] {key} auto: {world} trainer processes, vLLM rollouts need one; rollouts use HF generate "
               "in each trainer process", file=sys.stderr, flush=True)

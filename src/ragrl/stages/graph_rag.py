@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ragrl.errors import InputError
 from ragrl.eval.evaluate import question_type, summarize
 from ragrl.io import read_columns, write_json, write_parquet
 from ragrl.kg.extraction import Triple
@@ -36,7 +37,7 @@ def corpus_graph(triples_path: str | Path, passages_path: str | Path):
     rows = read_columns(triples_path, ["head", "relation", "tail", "source_id"]).to_pylist()
     unknown = sorted({str(r["source_id"]) for r in rows} - set(by_passage))
     if unknown:
-        raise ValueError(f"{triples_path}: source_id(s) {unknown[:5]} are not passages of {passages_path}")
+        raise InputError(f"{triples_path}: source_id(s) {unknown[:5]} are not passages of {passages_path}")
     for r in rows:
         by_passage[str(r["source_id"])].append(Triple(str(r["head"]), str(r["relation"]), str(r["tail"])))
     return build_graph(by_passage.items())

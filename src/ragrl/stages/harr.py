@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.recipe import HarrRecipe, Recipe
 
 
@@ -76,7 +77,7 @@ def _world(index_dir: Path, passages: Path) -> _World:
     index, meta = load_index_with_meta(index_dir)
     store = PassageStore.from_parquet(passages)
     if len(store) != index.ntotal:
-        raise ValueError(f"{passages} holds {len(store)} passages, the index {index_dir} {index.ntotal} vectors")
+        raise InputError(f"{passages} holds {len(store)} passages, the index {index_dir} {index.ntotal} vectors")
     return _World(index, meta, store)
 
 
@@ -217,7 +218,7 @@ def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pa
     write_json(stats, out.with_name(out.stem + ".stats.json"))
     print(f"[harr] filter: kept {stats['kept']} of {stats['questions']} questions (G={group}); {stats}", flush=True)
     if not order:
-        raise ValueError(f"the filter kept no question of {len(rows)}: no rollout group's F1 varied, so GRPO has "
+        raise InputError(f"the filter kept no question of {len(rows)}: no rollout group's F1 varied, so GRPO has "
                          "no advantage to learn from; use a generator whose answers depend on what it retrieves, "
                          "more questions (harr.filter_limit), or harr.filter: false")
     return stats
@@ -335,7 +336,7 @@ def recall_stage(harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, ou
 
     rows = [r for r in _rows(qa) if len(set(r.get("supporting_ids") or [])) > 1]
     if not rows:
-        raise ValueError(f"{qa}: no question with more than one supporting passage; multi-hop recall cannot be measured")
+        raise InputError(f"{qa}: no question with more than one supporting passage; multi-hop recall cannot be measured")
     world = _world(index_dir, passages)
     policy = _policy(world.meta, harr, encoder, trainable=False)
     e = harr.environment

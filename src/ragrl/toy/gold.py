@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ragrl.agent.gold_plan import GoldPlan, Hop
 from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, THINK_CLOSE, THINK_OPEN
+from ragrl.errors import InputError
 from ragrl.toy.relations import RELATION_BY_KEY
 
 
@@ -40,7 +41,7 @@ def plan_row(row: dict, multi_query: bool, max_queries: int = 1, seed: int = 0) 
     raw_hops = meta.get("hops")
     if not isinstance(raw_hops, list) or not all(isinstance(h, list | tuple) and len(h) == 3 and h[1] in RELATION_BY_KEY
                                                  for h in raw_hops):
-        raise ValueError(f"QA row {row.get('id')!r}: no world hop annotations (metadata.hops of (head, relation, "
+        raise InputError(f"QA row {row.get('id')!r}: no world hop annotations (metadata.hops of (head, relation, "
                          "tail) with world relation keys); gold SFT data need the synthetic world's questions")
     supporting = list(row.get("supporting_ids") or [])
     # The world lists one supporting passage per hop (the hop head's passage), in hop order.

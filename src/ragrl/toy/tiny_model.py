@@ -17,6 +17,7 @@ import torch
 import transformers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_dir
 
 PROTOCOL_TAGS: tuple[str, ...] = (
@@ -74,18 +75,18 @@ class TinyModelSpec:
 
     def __post_init__(self) -> None:
         if self.num_heads <= 0 or self.hidden_size != REQUIRED_HEAD_DIM * self.num_heads:
-            raise ValueError(
+            raise InputError(
                 f"num_heads={self.num_heads} with hidden_size={self.hidden_size} gives head_dim "
                 f"{self.hidden_size / max(self.num_heads, 1):g}; head_dim must be {REQUIRED_HEAD_DIM} "
                 "(vLLM's CPU attention kernel rejects small heads such as 16), so set hidden_size = 64 * num_heads"
             )
         if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise InputError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} (grouped-query attention)"
             )
         reserved = len(CHAT_TOKENS) + len(PROTOCOL_TAGS) + 256  # the byte alphabet cannot be merged away
         if self.vocab_size <= reserved:
-            raise ValueError(f"vocab_size={self.vocab_size} must exceed {reserved} (byte alphabet plus added tokens)")
+            raise InputError(f"vocab_size={self.vocab_size} must exceed {reserved} (byte alphabet plus added tokens)")
 
 
 # transformers' Qwen2Tokenizer split rule (models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX):

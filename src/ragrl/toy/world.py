@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ragrl.errors import InputError
 from ragrl.io import write_json, write_parquet
 from ragrl.paths import SPLITS
 from ragrl.toy.names import NameFactory
@@ -102,9 +103,9 @@ def size_to_people(size: int | str) -> int:
         if size.isdigit():
             size = int(size)
         else:
-            raise ValueError(f"world size '{size}': expected one of {sorted(SIZE_PRESETS)} or a positive integer")
+            raise InputError(f"world size '{size}': expected one of {sorted(SIZE_PRESETS)} or a positive integer")
     if size < 20:
-        raise ValueError(f"world size {size}: at least 20 people are needed for every question type")
+        raise InputError(f"world size {size}: at least 20 people are needed for every question type")
     return size
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_dir, publish_tree_modes, write_json
 from ragrl import workdir
 from ragrl.workdir import release_superseded
@@ -99,7 +100,7 @@ def truncate_log(path: str | os.PathLike, offset: int) -> None:
             raise FileNotFoundError(f"{path} is missing but the checkpoint expects {offset} bytes of it")
         return
     if path.stat().st_size < offset:
-        raise ValueError(f"{path} is shorter ({path.stat().st_size} B) than the checkpoint's log offset {offset}")
+        raise InputError(f"{path} is shorter ({path.stat().st_size} B) than the checkpoint's log offset {offset}")
     os.truncate(path, offset)
 
 
@@ -174,7 +175,7 @@ def load_optimizer(accelerator, optimizer, directory: Path) -> None:
         )
     part = torch.load(path, map_location="cpu", weights_only=True)
     if part["num_processes"] != accelerator.num_processes:
-        raise ValueError(
+        raise InputError(
             f"checkpoint {directory} was written by {part['num_processes']} processes; ZeRO optimizer partitions "
             f"cannot be resumed by {accelerator.num_processes}"
         )

@@ -54,6 +54,7 @@ from ragrl.agent.protocol import (
 )
 from ragrl.agent.rollout import RolloutEngine
 from ragrl.data.qa import row_golds
+from ragrl.errors import InputError
 from ragrl.hashing import in_hashed_share
 from ragrl.kg.store import KGStore
 from ragrl.train.sft_data import (
@@ -214,7 +215,7 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
     with `readable_copies` those rows are shown both ways, as two SFT rows (the copy's id is
     `<row id>#readable`), and the stats count trajectories: `total` = questions + copies."""
     if not 0.0 <= readable_share <= 1.0:
-        raise ValueError(f"readable_share={readable_share} must be in [0, 1]")
+        raise InputError(f"readable_share={readable_share} must be in [0, 1]")
     env = engine.env
     stats = SFTDataStats("gold")
     drafts: list[_Draft] = []

@@ -13,6 +13,8 @@ from typing import Literal
 import torch
 import torch.utils.checkpoint
 
+from ragrl.errors import InputError
+
 LossAgg = Literal["token-mean", "grpo", "dr_grpo"]
 from ragrl.settings import LOSS_AGG_MODES
 
@@ -114,7 +116,7 @@ def kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> 
         return kl_k3(logp, ref_logp)
     if estimator == "k1":
         return kl_k1(logp, ref_logp)
-    raise ValueError(f"unknown KL estimator {estimator!r}")
+    raise InputError(f"unknown KL estimator {estimator!r}")
 
 
 def ppo_clip_per_token(
@@ -149,7 +151,7 @@ def default_denominator(mask: torch.Tensor, mode: LossAgg, max_response_len: int
         return float((mask.sum(-1) > 0).sum())
     if mode == "dr_grpo":
         return float(mask.shape[0] * (max_response_len if max_response_len is not None else mask.shape[-1]))
-    raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
+    raise InputError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
 
 
 def aggregate(
@@ -180,7 +182,7 @@ def aggregate(
     elif mode in ("token-mean", "dr_grpo"):
         total = masked.sum()
     else:
-        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
+        raise InputError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
     if denominator is None:
         denominator = default_denominator(mask, mode, max_response_len)
     return total / max(float(denominator), 1.0)

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ragrl.agent.protocol import format_docs
+from ragrl.errors import InputError
 from ragrl.io import atomic_dir, write_json
 from ragrl.paths import SPLITS
 from ragrl.toy.relations import RELATION_BY_KEY, RELATIONS
@@ -91,24 +92,24 @@ class PretrainArgs:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "lr", "log_every", "world_people"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"pretrain.{name}={getattr(self, name)} must be > 0")
+                raise InputError(f"pretrain.{name}={getattr(self, name)} must be > 0")
         if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"pretrain.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+            raise InputError(f"pretrain.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if self.mix_worlds < 1:
-            raise ValueError(f"pretrain.mix_worlds={self.mix_worlds} must be >= 1")
+            raise InputError(f"pretrain.mix_worlds={self.mix_worlds} must be >= 1")
         if self.distractors < 0 or self.eval_every < 0 or self.eval_questions < 0:
-            raise ValueError("pretrain.distractors, eval_every and eval_questions must be >= 0")
+            raise InputError("pretrain.distractors, eval_every and eval_questions must be >= 0")
         if not 0 <= self.fact_share <= 1:
-            raise ValueError(f"pretrain.fact_share={self.fact_share} must be in [0, 1]")
+            raise InputError(f"pretrain.fact_share={self.fact_share} must be in [0, 1]")
         if not 0 <= self.copy_share < 1:
-            raise ValueError(f"pretrain.copy_share={self.copy_share} must be in [0, 1)")
+            raise InputError(f"pretrain.copy_share={self.copy_share} must be in [0, 1)")
         if self.max_facts < 1 or self.answer_weight <= 0:
-            raise ValueError("pretrain.max_facts must be >= 1 and pretrain.answer_weight > 0")
+            raise InputError("pretrain.max_facts must be >= 1 and pretrain.answer_weight > 0")
         # JSON settings give a list; the dataclass is frozen and hashable, so keep a tuple.
         object.__setattr__(self, "reading_types", tuple(self.reading_types))
         unknown = set(self.reading_types) - {"1hop", "bridge", "comparison"}
         if unknown or not self.reading_types:
-            raise ValueError(f"pretrain.reading_types={list(self.reading_types)}: choose from 1hop, bridge, comparison")
+            raise InputError(f"pretrain.reading_types={list(self.reading_types)}: choose from 1hop, bridge, comparison")
 
 
 # --------------------------------------------------------------------------- names to keep out
@@ -301,7 +302,7 @@ class PackedBatches:
                 prompt_weights = [0.0 if self.answer_only else 1.0] * len(p)
                 return p + a, prompt_labels + a, prompt_weights + [self.answer_weight] * len(a)
             self.skipped += 1
-        raise ValueError(f"pretrain.seq_len={self.seq_len}: 1000 examples in a row are longer; raise it (512 fits most)")
+        raise InputError(f"pretrain.seq_len={self.seq_len}: 1000 examples in a row are longer; raise it (512 fits most)")
 
     def _row(self) -> tuple[list[int], list[int], list[float]]:
         ids: list[int] = []

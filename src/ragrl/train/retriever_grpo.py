@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ragrl.errors import InputError
 from ragrl.train.advantages import group_advantages, token_advantages
 from ragrl.train.losses import policy_loss
 from ragrl.train.retriever_policy import RetrievalStep, recompute_log_probs
@@ -53,7 +54,7 @@ def keep_question(f1s: Sequence[float]) -> bool:
     test np.std(f1s) > 0, which is max > min.
     """
     if len(f1s) < 2:
-        raise ValueError(f"the filter needs at least 2 rollouts per question, got {len(f1s)}")
+        raise InputError(f"the filter needs at least 2 rollouts per question, got {len(f1s)}")
     return max(f1s) > min(f1s)
 
 

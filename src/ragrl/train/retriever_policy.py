@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ragrl.errors import InputError
 from ragrl.retrieval import plackett_luce as pl
 from ragrl.settings import ALL_LINEAR, EncoderTraining  # noqa: F401  (stdlib settings, re-exported)
 
@@ -82,7 +83,7 @@ class QueryEncoderPolicy(torch.nn.Module):
             object.__setattr__(self, "_peft", peft_model)  # not a submodule: its weights are st's
         self.dim = int(self.st.get_embedding_dimension())
         if "dim" in encoder_info and int(encoder_info["dim"]) != self.dim:
-            raise ValueError(f"encoder {self.model_name!r} makes {self.dim}-dimensional vectors, the index holds "
+            raise InputError(f"encoder {self.model_name!r} makes {self.dim}-dimensional vectors, the index holds "
                              f"{encoder_info['dim']}-dimensional ones")
         self.eval()
 
@@ -157,7 +158,7 @@ def document_vectors(index: Any, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         try:
             ivf = faiss.extract_index_ivf(index)
         except RuntimeError as err:
-            raise ValueError(f"FAISS index {type(index).__name__} cannot return its stored vectors "
+            raise InputError(f"FAISS index {type(index).__name__} cannot return its stored vectors "
                              "(reconstruct); HARR needs them to score the pool") from err
         ivf.make_direct_map()
         return np.asarray(index.reconstruct_batch(ids), dtype=np.float32).reshape(len(ids), index.d)

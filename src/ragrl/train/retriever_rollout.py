@@ -22,6 +22,7 @@ import torch
 
 from ragrl.agent.environments import SearchEnvironment
 from ragrl.agent.protocol import Action
+from ragrl.errors import InputError
 from ragrl.retrieval.query_state import INSTRUCT_TEMPLATE, Hop, default_instruction, encoder_input, retrieval_state
 from ragrl.train.retriever_grpo import Trajectory
 from ragrl.train.retriever_policy import RetrievalStep, retrieve
@@ -35,7 +36,7 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
                  template: str = INSTRUCT_TEMPLATE, stochastic: bool = True, seed: int = 0) -> None:
         super().__init__(retriever=self, topk=topk)  # self.search is never called: _search is overridden
         if pool_size < topk:
-            raise ValueError(f"pool_size={pool_size} must be >= topk={topk}: the draw takes topk from the pool")
+            raise InputError(f"pool_size={pool_size} must be >= topk={topk}: the draw takes topk from the pool")
         self.policy, self.index, self.passages = policy, index, passages
         self.pool_size, self.alpha, self.use_history = pool_size, alpha, use_history
         # Not `self.instruction`: the rollout engine reads an environment's `instruction` as the

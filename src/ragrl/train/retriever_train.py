@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_dir, atomic_path, write_json
 from ragrl.progress import progress
 from ragrl.settings import RetrieverTrainConfig  # noqa: F401  (stdlib settings, re-exported)
@@ -46,7 +47,7 @@ RolloutFn = Callable[[Sequence[Mapping[str, Any]], int], list[Trajectory]]
 def step_questions(n_rows: int, step: int, per_step: int, seed: int) -> list[int]:
     """Row indices of 1-based `step`: the RL core's seeded per-epoch slices (ragrl.train.rl)."""
     if n_rows < 1:
-        raise ValueError("HARR training has no questions (did the filter keep none?)")
+        raise InputError("HARR training has no questions (did the filter keep none?)")
     return prompt_indices(n_rows, per_step, step, seed)
 
 
@@ -84,7 +85,7 @@ def _resume(out_dir: Path, policy: torch.nn.Module, optimizer: torch.optim.Optim
     tensors = load_file(str(ckpt / "trainable.safetensors"))
     expected = set(_trainable(policy))
     if set(tensors) != expected:
-        raise ValueError(f"{ckpt}: its trainable tensors do not match this encoder's "
+        raise InputError(f"{ckpt}: its trainable tensors do not match this encoder's "
                          f"({len(set(tensors) ^ expected)} names differ); was it made with other settings?")
     with torch.no_grad():
         params = dict(policy.named_parameters())

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ragrl.errors import InputError
 from ragrl.settings import ALGORITHMS, RLConfig  # noqa: F401  (re-exported)
 from ragrl.train import advantages as adv_lib
 from ragrl.train import checkpoint as ckpt
@@ -81,7 +82,7 @@ def prompt_indices(n_prompts: int, batch_prompts: int, step: int, seed: int) -> 
     A pure function of (seed, step), so a resumed run sees exactly the prompts it would have seen.
     """
     if n_prompts < 1:
-        raise ValueError("no prompts to train on")
+        raise InputError("no prompts to train on")
     start = (step - 1) * batch_prompts
     out = []
     for position in range(start, start + batch_prompts):
@@ -494,10 +495,10 @@ def _per_process_denominator(accelerator, local: float) -> float:
 def _micro_plan(cfg: RLConfig, world: int) -> tuple[int, int, int]:
     """(local samples per step, sequences per mini-batch, micro-batches per mini-batch), fixed for the run."""
     if cfg.batch_prompts % world:
-        raise ValueError(f"batch_prompts={cfg.batch_prompts} must be divisible by the {world} processes")
+        raise InputError(f"batch_prompts={cfg.batch_prompts} must be divisible by the {world} processes")
     local = cfg.batch_prompts // world * cfg.group_size
     if local % cfg.num_mini_batches:
-        raise ValueError(f"{local} samples per process do not split into num_mini_batches={cfg.num_mini_batches}")
+        raise InputError(f"{local} samples per process do not split into num_mini_batches={cfg.num_mini_batches}")
     mini = local // cfg.num_mini_batches
     micro = min(cfg.micro_batch_size or mini, mini)
     return local, mini, math.ceil(mini / micro)
@@ -579,7 +580,7 @@ def train_rl(
                                            critic=critic[1:] if critic else None)
         start_step, log_offset = int(state["step"]), int(state["log_offset"])
         if start_step > cfg.steps:
-            raise ValueError(f"{resume_dir} is past step {start_step}, beyond the requested steps={cfg.steps}")
+            raise InputError(f"{resume_dir} is past step {start_step}, beyond the requested steps={cfg.steps}")
         if is_main:
             print(f"[rl] resuming from {resume_dir} at step {start_step}", file=sys.stderr, flush=True)
             changed = config_changes(state.get("config", {}), cfg)

@@ -28,6 +28,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_dir
 from ragrl.settings import DEFAULT_LORA_TARGETS, FUSED_LM_HEAD_MIN_VOCAB, SFTArgs  # noqa: F401  (re-exported)
 
@@ -41,7 +42,7 @@ def load_sft_dataset(path: str | Path):
 
     table = pq.read_table(path, columns=list(DATA_COLUMNS))
     if table.num_rows == 0:
-        raise ValueError(f"{path}: no SFT examples")
+        raise InputError(f"{path}: no SFT examples")
     return datasets.Dataset(table)
 
 

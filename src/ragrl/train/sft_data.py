@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 from ragrl.agent.gold_plan import GoldPlan, GoldPlanner, Hop  # noqa: F401  (re-exported)
 from ragrl.agent.protocol import observation, recorded_turns
 from ragrl.agent.rollout import RolloutEngine
+from ragrl.errors import InputError
 from ragrl.io import write_json, write_parquet
 from ragrl.rewards.qa import exact_match, turns_format_reward
 
@@ -293,7 +294,7 @@ def write_sft_data(rows: Sequence[dict], stats: SFTDataStats, path: str | Path) 
     """The parquet at `path`, and its stats (kept share, drop reasons) next to it as `<name>.stats.json`."""
     path = Path(path)
     if not rows:
-        raise ValueError(f"no SFT trajectories to write to {path} ({stats.to_dict()})")
+        raise InputError(f"no SFT trajectories to write to {path} ({stats.to_dict()})")
     write_sft_parquet(rows, path)
     stats_path = path.with_name(path.name.removesuffix(".parquet") + ".stats.json")
     write_json(stats.to_dict(), stats_path)

@@ -28,6 +28,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from ragrl.agent.protocol import INFO_CLOSE, INFO_OPEN
+from ragrl.errors import InputError
 from ragrl.train.sft_data import SFTDataStats, report_stats, sft_row, write_sft_data
 
 _INFO = re.compile("(" + re.escape(INFO_OPEN) + r".*?" + re.escape(INFO_CLOSE) + ")", re.S)
@@ -43,7 +44,7 @@ def read_chat_records(path: str | Path) -> Iterator[tuple[str, dict]]:
         try:
             records = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+            raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
         for i, rec in enumerate(records):
             yield f"{path}[{i}]", rec
         return
@@ -53,13 +54,13 @@ def read_chat_records(path: str | Path) -> Iterator[tuple[str, dict]]:
         try:
             yield f"{path}:{lineno}", json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
 
 
 def to_messages(record, where: str) -> list[dict]:
     """One conversation as OpenAI-style messages, whatever LLaMA-Factory layout it came in."""
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected an object, got {type(record).__name__}")
+        raise InputError(f"{where}: expected an object, got {type(record).__name__}")
     if "messages" in record:
         messages = [{"role": str(m.get("role")), "content": m.get("content")} for m in _list(record, "messages", where)]
     elif "conversations" in record:
@@ -67,7 +68,7 @@ def to_messages(record, where: str) -> list[dict]:
         for m in _list(record, "conversations", where):
             role = _SHAREGPT_ROLES.get(str(m.get("from")))
             if role is None:
-                raise ValueError(f"{where}: conversations[].from {m.get('from')!r} is not one of {sorted(_SHAREGPT_ROLES)}")
+                raise InputError(f"{where}: conversations[].from {m.get('from')!r} is not one of {sorted(_SHAREGPT_ROLES)}")
             messages.append({"role": role, "content": m.get("value")})
         if isinstance(record.get("system"), str):
             messages.insert(0, {"role": "system", "content": record["system"]})
@@ -77,19 +78,19 @@ def to_messages(record, where: str) -> list[dict]:
         if isinstance(record.get("system"), str):
             messages.insert(0, {"role": "system", "content": record["system"]})
     else:
-        raise ValueError(f"{where}: no 'messages', 'conversations' or 'instruction'/'output' (keys: {sorted(record)})")
+        raise InputError(f"{where}: no 'messages', 'conversations' or 'instruction'/'output' (keys: {sorted(record)})")
     for i, m in enumerate(messages):
         if m["role"] not in ("system", "user", "assistant", "tool") or not isinstance(m["content"], str):
-            raise ValueError(f"{where}: message {i} needs a role in system/user/assistant/tool and a string content")
+            raise InputError(f"{where}: message {i} needs a role in system/user/assistant/tool and a string content")
     if not any(m["role"] == "assistant" for m in messages) or messages[-1]["role"] != "assistant":
-        raise ValueError(f"{where}: the conversation must end with an assistant message")
+        raise InputError(f"{where}: the conversation must end with an assistant message")
     return messages
 
 
 def _list(record: dict, key: str, where: str) -> list[dict]:
     value = record[key]
     if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
-        raise ValueError(f"{where}: '{key}' must be a list of objects")
+        raise InputError(f"{where}: '{key}' must be a list of objects")
     return value
 
 
@@ -115,7 +116,7 @@ def tokenize_conversation(messages: list[dict], tokenizer) -> tuple[list[int], l
 
 def _delta(text: str, prefix: str) -> str:
     if not text.startswith(prefix):
-        raise ValueError("the policy's chat template does not render a conversation as a growing prefix; "
+        raise InputError("the policy's chat template does not render a conversation as a growing prefix; "
                          "import the file with a ChatML-style template")
     return text[len(prefix):]
 
@@ -138,7 +139,7 @@ def import_sft_stage(path: str | Path, fmt: str, model_dir: str | Path, out: str
         table = pq.read_table(path)
         missing = {"id", "input_ids", "assistant_masks"} - set(table.column_names)
         if missing:
-            raise ValueError(f"{path}: not an SFT parquet, missing columns {sorted(missing)}")
+            raise InputError(f"{path}: not an SFT parquet, missing columns {sorted(missing)}")
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         rows = [sft_row(str(r["id"]), r["input_ids"], r["assistant_masks"], int(r.get("num_turns") or 1), tokenizer)
                 for r in table.to_pylist()[:limit]]
@@ -160,7 +161,7 @@ def import_sft_stage(path: str | Path, fmt: str, model_dir: str | Path, out: str
             rows.append(sft_row(str(record.get("id", n)), ids, mask, turns, tokenizer))
         stats.kept = len(rows)
     else:
-        raise ValueError(f"unknown SFT import format {fmt!r}; expected chat_json or sft_parquet")
+        raise InputError(f"unknown SFT import format {fmt!r}; expected chat_json or sft_parquet")
     write_sft_data(rows, stats, out)
     report_stats(stats, out)
     return stats.to_dict()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragrl.errors import InputError
 from ragrl.io import atomic_path, read_columns
 
 SCHEMA = pa.schema([
@@ -56,7 +57,7 @@ def write_verl_parquet(qa: Path, out: Path, recipe, tokenizer, *, split: str = "
     rows = read_columns(qa, ["id", "question", "golden_answers"]).to_pylist()
     rows = rows[:limit] if limit else rows
     if not rows:
-        raise ValueError(f"{qa}: no questions to train on")
+        raise InputError(f"{qa}: no questions to train on")
     template, max_queries = instruction_template(recipe)
     reserved = tuple(getattr(tokenizer, "all_special_tokens", ()) or ())
     records, longest = [], 0

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ragrl.errors import InputError
+
 AGENT_NAME = "ragrl_agent"
 LOSS_AGG = {"token-mean": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
@@ -111,7 +113,7 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
     if max_prompt_length < 1:
         problems.append("max_prompt_length must be >= 1")
     if problems:
-        raise ValueError(f"recipes.{recipe.name}.rl (backend verl): " + "; ".join(problems))
+        raise InputError(f"recipes.{recipe.name}.rl (backend verl): " + "; ".join(problems))
 
     rollout = recipe.rollout
     max_response = rollout.max_response_tokens

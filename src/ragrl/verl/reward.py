@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.methods import get_method
 
 
@@ -43,7 +44,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     """
     method = get_method(env, plugin or None)
     if method.verl_reward is None:
-        raise ValueError(f"method {env!r} has no verl reward, so it cannot train on verl")
+        raise InputError(f"method {env!r} has no verl reward, so it cannot train on verl")
     return method.verl_reward(dict(weights or method.default_reward), recorded_trajectory(solution_str, extra_info),
                               golds_of(ground_truth))
 
