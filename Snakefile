@@ -1,6 +1,7 @@
 # ragrl: raw corpora and QA sets → indexes → SFT → RL → merged checkpoints → evaluation → tables.
-# Where a change goes: config keys in config/schemas/config.schema.yaml, path helpers in
-# rules/common.smk, one rule family per file in rules/, the logic in src/ragrl (the `ragrl` CLI).
+# Where a change goes: config keys in config/schemas/config.schema.yaml, the workflow's logic (checks,
+# runs, paths) in src/ragrl/workflow, input functions in rules/common.smk, one rule family per file
+# in rules/, the stages in src/ragrl (the `ragrl` CLI).
 
 from snakemake.utils import min_version
 
@@ -27,6 +28,6 @@ include: "rules/construct_kg.smk"
 
 rule all:
     input:
-        all_outputs(),
-        construct_kg_outputs(),
+        WF.all_outputs(),
+        WF.graphs.outputs(),
     default_target: True

@@ -6,18 +6,18 @@
 
 rule sft_data:
     input:
-        unpack(lambda wc: recipe_env_inputs(wc.recipe)),
-        unpack(lambda wc: sft_import_inputs(wc.recipe)),
-        qa=lambda wc: qa_path(recipe(wc.recipe)["train_dataset"]),
-        policy=policy_inputs(),
+        unpack(lambda wc: WF.recipe_env_inputs(wc.recipe)),
+        unpack(lambda wc: WF.sft_import_inputs(wc.recipe)),
+        qa=lambda wc: WF.qa_path(WF.recipe(wc.recipe)["train_dataset"]),
+        policy=WF.policy_inputs(),
     output:
         data=f"{RESULTS}/sft_data/{{recipe}}.parquet",
         stats=f"{RESULTS}/sft_data/{{recipe}}.stats.json",
     params:
-        recipe=lambda wc: recipe_json(recipe_part(wc.recipe, "sft_data")),
+        recipe=lambda wc: recipe_json(WF.recipe_part(wc.recipe, "sft_data")),
         env=recipe_env_flags,
         policy=policy_arg,
-        limit=lambda wc: recipe(wc.recipe)["sft"].get("limit") or 0,
+        limit=lambda wc: WF.recipe(wc.recipe)["sft"].get("limit") or 0,
     log:
         main="logs/sft_data/{recipe}.log",
         # A teacher this job serves itself (sft.teacher without base_url, ragrl.serving).
@@ -38,11 +38,11 @@ rule sft_data:
 rule sft:
     input:
         data=f"{RESULTS}/sft_data/{{recipe}}.parquet",
-        policy=policy_inputs(),
+        policy=WF.policy_inputs(),
     output:
         directory(f"{RESULTS}/models/{{recipe}}/sft"),
     params:
-        recipe=lambda wc: recipe_json(recipe_part(wc.recipe, "sft")),
+        recipe=lambda wc: recipe_json(WF.recipe_part(wc.recipe, "sft")),
         policy=policy_arg,
     log:
         "logs/sft/{recipe}.log",
@@ -61,7 +61,7 @@ rule sft:
 rule merge_sft:
     input:
         adapter=f"{RESULTS}/models/{{recipe}}/sft",
-        policy=policy_inputs(),
+        policy=WF.policy_inputs(),
     output:
         directory(f"{RESULTS}/models/{{recipe}}/sft_merged"),
     params:
@@ -81,20 +81,20 @@ rule merge_sft:
 
 rule rl:
     input:
-        unpack(lambda wc: recipe_env_inputs(wc.recipe)),
-        qa=lambda wc: qa_path(recipe(wc.recipe)["train_dataset"]),
-        start=lambda wc: rl_start_model(wc.recipe) if sft_enabled(wc.recipe) else policy_inputs(),
+        unpack(lambda wc: WF.recipe_env_inputs(wc.recipe)),
+        qa=lambda wc: WF.qa_path(WF.recipe(wc.recipe)["train_dataset"]),
+        start=lambda wc: WF.rl_start_model(wc.recipe) if WF.sft_enabled(wc.recipe) else WF.policy_inputs(),
     output:
         # Only the finished artefacts are outputs: checkpoints under work/checkpoints survive a
         # killed job (Snakemake deletes a failed job's outputs), so a re-run resumes from them.
         model=f"{RESULTS}/train/{{recipe}}_rl/work/final/model.safetensors",
         log=f"{RESULTS}/train/{{recipe}}_rl/train_log.jsonl",
     params:
-        recipe=lambda wc: recipe_json(recipe_part(wc.recipe, "rl")),
+        recipe=lambda wc: recipe_json(WF.recipe_part(wc.recipe, "rl")),
         env=recipe_env_flags,
-        start=lambda wc, input: input.start if sft_enabled(wc.recipe) else policy_param(wc, input.start),
+        start=lambda wc, input: input.start if WF.sft_enabled(wc.recipe) else policy_param(wc, input.start),
         work=lambda wc, output: os.path.dirname(os.path.dirname(output.model)),
-        limit=lambda wc: recipe(wc.recipe)["rl"].get("limit") or 0,
+        limit=lambda wc: WF.recipe(wc.recipe)["rl"].get("limit") or 0,
     log:
         "logs/rl/{recipe}.log",
     benchmark:
@@ -113,12 +113,12 @@ rule rl:
 rule merge_rl:
     input:
         adapter=f"{RESULTS}/train/{{recipe}}_rl/work/final/model.safetensors",
-        base=lambda wc: rl_start_model(wc.recipe) if sft_enabled(wc.recipe) else policy_inputs(),
+        base=lambda wc: WF.rl_start_model(wc.recipe) if WF.sft_enabled(wc.recipe) else WF.policy_inputs(),
     output:
         directory(f"{RESULTS}/models/{{recipe}}/rl_merged"),
     params:
         adapter=lambda wc, input: os.path.dirname(input.adapter),
-        base=lambda wc, input: input.base if sft_enabled(wc.recipe) else policy_param(wc, input.base),
+        base=lambda wc, input: input.base if WF.sft_enabled(wc.recipe) else policy_param(wc, input.base),
     log:
         "logs/merge/{recipe}_rl.log",
     benchmark:
@@ -141,7 +141,7 @@ rule eval:
         directory(f"{RESULTS}/eval/{{run}}"),
     params:
         recipe=run_settings_json,
-        name=lambda wc: runs()[wc.run]["recipe"],
+        name=lambda wc: WF.runs[wc.run].recipe,
         env=run_env_args,
         model=run_model_arg,
         max_questions=config["evaluation"]["max_questions"] or 0,
@@ -165,12 +165,12 @@ rule run_manifest:
     output:
         f"{RESULTS}/runs/{{run}}/run.json",
     params:
-        recipe=lambda wc: runs()[wc.run]["recipe"],
-        stage=lambda wc: runs()[wc.run]["stage"],
+        recipe=lambda wc: WF.runs[wc.run].recipe,
+        stage=lambda wc: WF.runs[wc.run].stage,
         model=config["models"]["policy"],
-        settings=lambda wc: recipe_json(run_definition(wc.run)),
+        settings=lambda wc: recipe_json(WF.run_definition(wc.run)),
         seeds=lambda wc: recipe_json({"world": config["world"]["seed"],
-                                      "train": runs()[wc.run]["settings"].get("seed", 0)}),
+                                      "train": WF.runs[wc.run].settings.get("seed", 0)}),
     log:
         "logs/run_manifest/{run}.log",
     benchmark:

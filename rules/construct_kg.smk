@@ -15,9 +15,9 @@ rule construct_kg:
         # Finished batches live outside the outputs: Snakemake deletes a failed job's outputs, the
         # work directory survives a kill and the re-run resumes from it.
         work=lambda wc: f"{RESULTS}/kg_built/{wc.constructor}.work",
-        batch=lambda wc: construct_kg_settings().get("batch_size", 16),
-        tokens=lambda wc: construct_kg_settings().get("max_turn_tokens", 256),
-        limit=lambda wc: construct_kg_settings().get("limit") or 0,  # 0: every passage
+        batch=lambda wc: WF.graphs.settings().get("batch_size", 16),
+        tokens=lambda wc: WF.graphs.settings().get("max_turn_tokens", 256),
+        limit=lambda wc: WF.graphs.settings().get("limit") or 0,  # 0: every passage
     log:
         "logs/construct_kg/{constructor}.log",
     benchmark:
@@ -39,9 +39,9 @@ rule construct_kg:
 # (runs graph_<graph>_reader, rule eval, stage "graph").
 rule graph_rank:
     input:
-        triples=lambda wc: graph_triples(wc.graph),
-        passages=lambda wc: passages_path(construct_kg_settings()["corpus"]),
-        qa=lambda wc: qa_path(wc.dataset),
+        triples=lambda wc: WF.graphs.triples(wc.graph),
+        passages=lambda wc: WF.passages_path(WF.graphs.settings()["corpus"]),
+        qa=lambda wc: WF.qa_path(wc.dataset),
     output:
         metrics=f"{RESULTS}/graph_rag/graph_{{graph}}/{{dataset}}/metrics.json",
         ranking=f"{RESULTS}/graph_rag/graph_{{graph}}/{{dataset}}/ranking.parquet",
@@ -71,7 +71,7 @@ rule graph_manifest:
     output:
         f"{RESULTS}/graph_rag/runs/graph_{{graph}}/run.json",
     params:
-        settings=lambda wc: recipe_json({"graph": constructor_definition(wc.graph), "world": config["world"]}),
+        settings=lambda wc: recipe_json({"graph": WF.graphs.definition(wc.graph), "world": config["world"]}),
         seeds=lambda wc: recipe_json({"world": config["world"]["seed"]}),
         model=config["models"]["embedding"],
     log:

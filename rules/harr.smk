@@ -9,15 +9,15 @@
 
 rule harr_filter:
     input:
-        unpack(lambda wc: harr_world_inputs()),
-        qa=lambda wc: qa_path(harr_settings()["train_dataset"]),
+        unpack(lambda wc: WF.harr.world_inputs()),
+        qa=lambda wc: WF.qa_path(WF.harr.settings()["train_dataset"]),
     output:
         kept=f"{RESULTS}/harr/filter/kept.parquet",
         stats=f"{RESULTS}/harr/filter/kept.stats.json",
     params:
-        recipe=lambda wc: harr_generator_json(),
-        name=lambda wc: harr_generator()["recipe"],
-        harr=lambda wc: harr_json(),
+        recipe=lambda wc: WF.harr.generator_json(),
+        name=lambda wc: WF.harr.generator().recipe,
+        harr=lambda wc: WF.harr.json(),
         generator=harr_generator_arg,
         endpoint=harr_endpoint_args,
         index=lambda wc, input: os.path.dirname(input.index),
@@ -40,7 +40,7 @@ rule harr_filter:
 
 rule harr_train:
     input:
-        unpack(lambda wc: harr_world_inputs()),
+        unpack(lambda wc: WF.harr.world_inputs()),
         qa=f"{RESULTS}/harr/filter/kept.parquet",
     output:
         # Only the finished artefacts are outputs: checkpoints and the running log under work/
@@ -49,13 +49,13 @@ rule harr_train:
         final=f"{RESULTS}/harr/train/{{run}}/work/final/state.json",
         log=f"{RESULTS}/harr/train/{{run}}/train_log.jsonl",
     params:
-        recipe=lambda wc: harr_generator_json(),
-        name=lambda wc: harr_generator()["recipe"],
-        harr=lambda wc: harr_json(),
+        recipe=lambda wc: WF.harr.generator_json(),
+        name=lambda wc: WF.harr.generator().recipe,
+        harr=lambda wc: WF.harr.json(),
         generator=harr_generator_arg,
         endpoint=harr_endpoint_args,
         index=lambda wc, input: os.path.dirname(input.index),
-        history=lambda wc: harr_history_flag(wc.run),
+        history=lambda wc: WF.harr.history_flag(wc.run),
         out=lambda wc, output: os.path.dirname(os.path.dirname(output.final)),
     log:
         main="logs/harr/train/{run}.log",
@@ -78,21 +78,21 @@ rule harr_train:
 
 rule harr_eval:
     input:
-        unpack(lambda wc: harr_world_inputs()),
+        unpack(lambda wc: WF.harr.world_inputs()),
         unpack(harr_encoder_inputs),
-        qa=lambda wc: qa_path(wc.dataset),
+        qa=lambda wc: WF.qa_path(wc.dataset),
     output:
         predictions=f"{RESULTS}/harr/eval/{{run}}/{{dataset}}/predictions.parquet",
         metrics=f"{RESULTS}/harr/eval/{{run}}/{{dataset}}/metrics.json",
     params:
-        recipe=lambda wc: harr_generator_json(),
-        name=lambda wc: harr_generator()["recipe"],
-        harr=lambda wc: harr_json(),
+        recipe=lambda wc: WF.harr.generator_json(),
+        name=lambda wc: WF.harr.generator().recipe,
+        harr=lambda wc: WF.harr.json(),
         generator=harr_generator_arg,
         endpoint=harr_endpoint_args,
         index=lambda wc, input: os.path.dirname(input.index),
         encoder=harr_encoder_args,
-        history=lambda wc: harr_history_flag(wc.run),
+        history=lambda wc: WF.harr.history_flag(wc.run),
         max_questions=config["evaluation"]["max_questions"] or 0,
         batch_size=config["evaluation"]["batch_size"],
         out=lambda wc, output: os.path.dirname(output.metrics),
@@ -120,16 +120,16 @@ rule harr_eval:
 rule harr_recall:
     input:
         unpack(harr_encoder_inputs),
-        index=lambda wc: harr_world_inputs()["index"],
-        passages=lambda wc: harr_world_inputs()["passages"],
-        qa=lambda wc: qa_path(wc.dataset),
+        index=lambda wc: WF.harr.world_inputs()["index"],
+        passages=lambda wc: WF.harr.world_inputs()["passages"],
+        qa=lambda wc: WF.qa_path(wc.dataset),
     output:
         f"{RESULTS}/harr/recall/{{run}}/{{dataset}}/metrics.json",
     params:
-        harr=lambda wc: harr_json(),
+        harr=lambda wc: WF.harr.json(),
         index=lambda wc, input: os.path.dirname(input.index),
         encoder=harr_encoder_args,
-        history=lambda wc: harr_history_flag(wc.run),
+        history=lambda wc: WF.harr.history_flag(wc.run),
     log:
         "logs/harr/recall/{run}/{dataset}.log",
     benchmark:
@@ -152,10 +152,10 @@ rule harr_manifest:
         f"{RESULTS}/harr/runs/{{run}}/run.json",
     params:
         model=config["models"]["embedding"],
-        settings=lambda wc: recipe_json({"harr": harr().to_config(), "run": wc.run,
-                                         "generator": harr_generator_definition(),
+        settings=lambda wc: recipe_json({"harr": WF.harr.parsed.to_config(), "run": wc.run,
+                                         "generator": WF.harr.generator_definition(),
                                          "world": config["world"]}),
-        seeds=lambda wc: recipe_json({"world": config["world"]["seed"], "train": harr().train.seed}),
+        seeds=lambda wc: recipe_json({"world": config["world"]["seed"], "train": WF.harr.parsed.train.seed}),
     log:
         "logs/harr/manifest/{run}.log",
     benchmark:

@@ -4,9 +4,9 @@
 
 rule tiny_model:
     input:
-        world_outputs(),
+        WF.world_outputs(),
     output:
-        [f"{tiny_model_dir()}/{f}" for f in hf_model_files()],
+        [f"{WF.tiny_model_dir()}/{f}" for f in hf_model_files()],
     params:
         world=input_dir,
         out=output_dir,
@@ -33,9 +33,9 @@ rule pretrain:
     # none of the world's (src/ragrl/train/pretrain.py). With pretrain.enabled it is the tiny base
     # policy: the `base` run and every recipe's SFT start from it.
     input:
-        world_outputs(),
+        WF.world_outputs(),
     output:
-        [f"{pretrained_dir()}/{f}" for f in hf_model_files()],
+        [f"{WF.pretrained_dir()}/{f}" for f in hf_model_files()],
         plot=f"{RESULTS}/plots/pretrain_loss.png",
     params:
         world=input_dir,
@@ -65,7 +65,7 @@ rule pretrain:
 
 rule policy_generate:
     input:
-        policy_inputs(),
+        WF.policy_inputs(),
     output:
         f"{RESULTS}/checks/policy_generate.txt",
     params:

@@ -4,22 +4,22 @@
 
 rule results_db:
     input:
-        runs=run_manifests() + harr_manifests() + graph_manifests(),
+        runs=WF.run_manifests() + WF.harr.manifests() + WF.graphs.manifests(),
         # Each run's evaluation directory (files listed in params), HARR's evaluation files.
-        eval_dirs=eval_outputs(),
-        harr=harr_eval_outputs() + harr_recall_outputs() + harr_predictions(),
-        graphs=graph_rank_outputs(),
+        eval_dirs=WF.eval_outputs(),
+        harr=WF.harr.eval_outputs() + WF.harr.recall_outputs() + WF.harr.predictions(),
+        graphs=WF.graphs.rank_outputs(),
         # Named by run id (<recipe>_rl): the database files a training log under its run.
-        train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]] + harr_train_logs(),
+        train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]] + WF.harr.train_logs(),
     output:
         f"{RESULTS}/ragrl.duckdb",
     params:
-        evals=eval_files("metrics.json") + harr_eval_outputs() + harr_recall_outputs() + graph_rank_outputs(),
-        predictions=eval_files("predictions.parquet") + harr_predictions(),
-        rule_gpus=lambda wc: recipe_json(rule_gpus()),
-        tables=recipe_json(config["results"]["tables"]),
+        evals=WF.eval_files("metrics.json") + WF.harr.eval_outputs() + WF.harr.recall_outputs() + WF.graphs.rank_outputs(),
+        predictions=WF.eval_files("predictions.parquet") + WF.harr.predictions(),
+        rule_gpus=lambda wc: recipe_json(WF.rule_gpus()),
+        tables=recipe_json(WF.tables()),
         main_metric=config["results"]["main_metric"],
-        lineage=lambda wc: recipe_json(run_lineage()),
+        lineage=lambda wc: recipe_json(lineage(WF)),
     log:
         "logs/results_db.log",
     benchmark:
@@ -41,13 +41,13 @@ rule results_tables:
         f"{RESULTS}/ragrl.duckdb",
     output:
         report(
-            expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=table_names(), ext=["md", "csv", "tex"])
+            expand(f"{RESULTS}/tables/{{name}}.{{ext}}", name=WF.table_names(), ext=["md", "csv", "tex"])
             # Each table's paired differences (run − the run it is compared with, 95% interval).
-            + expand(f"{RESULTS}/tables/{{name}}_delta.{{ext}}", name=table_names(), ext=["md", "csv"]),
+            + expand(f"{RESULTS}/tables/{{name}}_delta.{{ext}}", name=WF.table_names(), ext=["md", "csv"]),
             category="Tables",
         ),
     params:
-        tables=recipe_json(config["results"]["tables"]),
+        tables=recipe_json(WF.tables()),
         out=lambda wc, output: os.path.dirname(output[0]),
     log:
         "logs/results_tables.log",
@@ -67,11 +67,11 @@ rule results_plots:
         f"{RESULTS}/ragrl.duckdb",
     output:
         report(
-            [f"{RESULTS}/plots/{safe_name(r)}_training.png" for r in trained_runs()]
+            [f"{RESULTS}/plots/{safe_name(r)}_training.png" for r in WF.trained_runs()]
             + [f"{RESULTS}/plots/reward_curves.png"]
             + [f"{RESULTS}/plots/{kind}_{safe_name(m)}.png" for kind in ("metrics", "paired")
                for m in config["results"]["plot_metrics"]]
-            + [f"{RESULTS}/plots/family_{safe_name(f)}.png" for f in run_families()],
+            + [f"{RESULTS}/plots/family_{safe_name(f)}.png" for f in run_families(WF)],
             category="Plots",
         ),
     params:

@@ -4,7 +4,7 @@
 
 rule embed_shard:
     input:
-        lambda wc: passages_path(wc.corpus),
+        lambda wc: WF.passages_path(wc.corpus),
     output:
         npy=f"{RESULTS}/embeddings/{{corpus}}/shard-{{shard}}-of-{{n}}.npy",
         meta=f"{RESULTS}/embeddings/{{corpus}}/shard-{{shard}}-of-{{n}}.json",
@@ -29,14 +29,14 @@ rule embed_shard:
 
 rule index:
     input:
-        passages=lambda wc: passages_path(wc.corpus),
-        shards=lambda wc: shard_paths(wc.corpus),
+        passages=lambda wc: WF.passages_path(wc.corpus),
+        shards=lambda wc: WF.shard_paths(wc.corpus),
     output:
         [f"{RESULTS}/index/{{corpus}}/{{index}}/{f}" for f in DENSE_INDEX_FILES],
     params:
         factory=lambda wc: config["retrieval"]["indexes"][wc.index],
         train_sample=config["retrieval"]["train_sample"],
-        gpu=gpu_flag(),
+        gpu=WF.gpu_flag(),
         out=output_dir,
     log:
         "logs/index/{corpus}/{index}.log",
@@ -55,7 +55,7 @@ rule index:
 
 rule bm25:
     input:
-        lambda wc: passages_path(wc.corpus),
+        lambda wc: WF.passages_path(wc.corpus),
     output:
         directory(f"{RESULTS}/index/{{corpus}}/bm25"),
     log:
@@ -74,12 +74,12 @@ rule bm25:
 rule retrieval_eval:
     input:
         unpack(retriever_inputs),
-        qa=[qa_path(d) for d in eval_datasets()],
+        qa=[WF.qa_path(d) for d in WF.eval_datasets()],
     output:
         f"{RESULTS}/retrieval/{{corpus}}/{{retriever}}.json",
     params:
         retriever=retriever_args,
-        qa=[f"{d}={qa_path(d)}" for d in eval_datasets()],
+        qa=[f"{d}={WF.qa_path(d)}" for d in WF.eval_datasets()],
         k=config["retrieval"]["eval"]["k"],
     log:
         "logs/retrieval_eval/{corpus}/{retriever}.log",
@@ -97,7 +97,7 @@ rule retrieval_eval:
 
 rule retrieval_table:
     input:
-        retrieval_reports(),
+        WF.retrieval_reports(),
     output:
         md=f"{RESULTS}/tables/retrieval_recall.md",
         csv=f"{RESULTS}/tables/retrieval_recall.csv",
@@ -117,7 +117,7 @@ rule retrieval_table:
 rule retrieval_service_check:
     input:
         unpack(retriever_inputs),
-        qa=lambda wc: qa_path(eval_datasets()[-1]),
+        qa=lambda wc: WF.qa_path(WF.eval_datasets()[-1]),
     output:
         f"{RESULTS}/checks/retrieval_service_{{corpus}}_{{retriever}}.json",
     params:

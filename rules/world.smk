@@ -3,7 +3,7 @@
 
 rule world:
     output:
-        world_outputs(),
+        WF.world_outputs(),
     params:
         seed=config["world"]["seed"],
         size=config["world"]["size"],
