@@ -11,8 +11,8 @@ from __future__ import annotations
 from ragrl.workflow.checks import normalise, validate
 from ragrl.workflow.lineage import lineage, run_families
 from ragrl.workflow.resources import growing_runtime, rule_resources, rule_threads
-from ragrl.workflow.core import RESULTS, Run, recipe_json
-from ragrl.workflow.table import ROLLOUT_KEYS, SFT_DATA_KEYS, Workflow, method_of, recipe_part
+from ragrl.workflow.core import RESULTS, ROLLOUT_KEYS, SFT_DATA_KEYS, Run, recipe_json, recipe_part
+from ragrl.workflow.table import Workflow, method_of
 
 __all__ = ["RESULTS", "ROLLOUT_KEYS", "SFT_DATA_KEYS", "Run", "Workflow", "growing_runtime", "lineage", "method_of", "run_families",
            "normalise", "recipe_json", "recipe_part", "rule_resources", "rule_threads", "validate"]

@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ragrl.recipe import HARR_RUNS, HarrRecipe, harr_generator_spec, parse_harr
-from ragrl.workflow.core import RESULTS, Run, recipe_json
+from ragrl.workflow.core import RESULTS, Run, recipe_json, recipe_part
 
 if TYPE_CHECKING:
     from ragrl.workflow.table import Workflow
@@ -59,7 +59,7 @@ class HarrPlan:
         spec = self.generator_settings()
         if "run" in spec:
             return self.workflow.run_definition(spec["run"])
-        return {"model": spec["model"], "recipe": {"eval": self.workflow.recipe_part(None, "eval", spec["recipe"])}}
+        return {"model": spec["model"], "recipe": {"eval": recipe_part(spec["recipe"], "eval")}}
 
     def endpoint_args(self) -> list[str]:
         """--generator-endpoint for a served generator (external base_url, or `serve`: a vLLM server
@@ -69,7 +69,7 @@ class HarrPlan:
         return ["--generator-endpoint", recipe_json(endpoint)] if endpoint else []
 
     def generator_json(self) -> str:
-        return recipe_json(self.workflow.recipe_part(None, "eval", self.generator().settings))
+        return recipe_json(recipe_part(self.generator().settings, "eval"))
 
     def world_inputs(self) -> dict[str, Any]:
         """The generator's checkpoint, the dense index the encoder searches and its passages."""

@@ -14,37 +14,15 @@ from typing import Any
 from ragrl.methods import get_method
 from ragrl.paths import hf_model_files, safe_name, world_files
 from ragrl.recipe import parse_recipe
+from ragrl.workflow.core import RESULTS, Run, recipe_json, recipe_part
 from ragrl.workflow.graphs import GraphPlan
 from ragrl.workflow.harr import HarrPlan
-from ragrl.workflow.core import RESULTS, Run, recipe_json
 from ragrl.workflow.resources import rule_resources
-
-# What each stage of a recipe reads. Rules get only their part as params, so that editing one
-# setting re-runs exactly the jobs it affects (Snakemake re-runs a job when its params change):
-# a new RL learning rate re-runs that recipe's RL and what follows, not its SFT.
-ROLLOUT_KEYS = ("env", "plugin", "retriever", "topk", "max_queries", "rollout", "seed", "options")
-# How the SFT data are made (ragrl.recipe.SFT_EXTRA_KEYS minus `enabled`, which only gates the rules).
-SFT_DATA_KEYS = ("limit", "source", "teacher", "import")
-
 
 
 def method_of(settings: Mapping[str, Any]):
     """The method (ragrl.methods) a recipe's settings name."""
     return get_method(settings["env"], settings.get("plugin"))
-
-
-def recipe_part(settings: Mapping[str, Any], stage: str) -> dict:
-    """What `stage` (sft_data, sft, rl, eval) of a recipe reads of its settings."""
-    if stage == "sft_data":
-        return {**{k: settings[k] for k in ROLLOUT_KEYS if k in settings},
-                "sft": {k: settings["sft"].get(k) for k in SFT_DATA_KEYS if k in settings["sft"] or k == "limit"}}
-    if stage == "sft":
-        return {"sft": settings["sft"], "seed": settings.get("seed", 0)}
-    if stage == "rl":
-        return {k: v for k, v in settings.items() if k not in ("sft", "eval_datasets")}
-    if stage == "eval":
-        return {k: settings[k] for k in ROLLOUT_KEYS if k in settings}
-    raise ValueError(stage)
 
 
 class Workflow:
@@ -116,7 +94,12 @@ class Workflow:
     def retrievers(self) -> list[str]:
         """Retriever names: the dense indexes, then bm25 and hybrid when enabled."""
         retrieval = self.config["retrieval"]
-        return list(retrieval["indexes"]) + ["bm25"] * bool(retrieval["bm25"]) + ["hybrid"] * bool(retrieval["hybrid"])
+        names = list(retrieval["indexes"])
+        if retrieval["bm25"]:
+            names.append("bm25")
+        if retrieval["hybrid"]:
+            names.append("hybrid")
+        return names
 
     def retriever_files(self, corpus: str, name: str) -> dict[str, str]:
         """The index files one retriever reads (a dense dir's files, the BM25 dir, or both)."""
@@ -160,9 +143,9 @@ class Workflow:
     def recipe(self, name: str) -> dict:
         return self.config["recipes"][name]
 
-    def recipe_part(self, name: str | None, stage: str, settings: Mapping[str, Any] | None = None) -> dict:
-        """What `stage` of recipe `name` (or of `settings`, when given) reads."""
-        return recipe_part(self.recipe(name) if settings is None else settings, stage)
+    def recipe_part(self, name: str, stage: str) -> dict:
+        """What `stage` of recipe `name` reads (ragrl.workflow.recipe_part)."""
+        return recipe_part(self.recipe(name), stage)
 
     def kg_spec(self, dataset: str) -> dict:
         """The KG (config kgs entry) a KG agent queries on `dataset`."""
