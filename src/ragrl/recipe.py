@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragrl.errors import InputError
 from ragrl.methods import Method, get_method
 from ragrl.settings import RLConfig, RolloutConfig, SFTArgs
 
@@ -94,23 +95,23 @@ def _build(cls, values: dict, key: str):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(names)}")
+        raise InputError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(names)}")
     # A flag of a free-form section (a method's `options`, which the JSON schema cannot type) must be
     # a real boolean: "no" or 0 would otherwise pass as a truthy or falsy setting.
     flags = _bool_fields(cls)
     for name, value in values.items():
         if name in flags and not isinstance(value, bool) and not (flags[name] and value is None):
-            raise ValueError(f"config key '{key}': {name}={value!r} must be true or false")
+            raise InputError(f"config key '{key}': {name}={value!r} must be true or false")
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"config key '{key}': {exc}") from None
+        raise InputError(f"config key '{key}': {exc}") from None
 
 
 def _section(data: dict, name: str, key: str) -> dict:
     value = data.get(name) or {}
     if not isinstance(value, dict):
-        raise ValueError(f"config key '{key}.{name}': expected a mapping, got {type(value).__name__}")
+        raise InputError(f"config key '{key}.{name}': expected a mapping, got {type(value).__name__}")
     return dict(value)
 
 
@@ -121,12 +122,12 @@ def parse_recipe(raw: str | dict, name: str = "recipe", key: str | None = None) 
     key = key or f"recipes.{name}"
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
-        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(TOP_KEYS)}")
+        raise InputError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(TOP_KEYS)}")
     env, plugin = data.get("env", "search"), data.get("plugin")
     try:
         method = get_method(env, plugin)
     except (ValueError, ImportError, FileNotFoundError) as exc:
-        raise ValueError(f"config key '{key}.env': {exc}") from None
+        raise InputError(f"config key '{key}.env': {exc}") from None
     rollout = _build(RolloutConfig, _section(data, "rollout", key), f"{key}.rollout")
     if method.rollout is not None:  # e.g. a single-turn method: the same turn budget in SFT, RL and eval
         rollout = method.rollout(rollout)
@@ -135,7 +136,7 @@ def parse_recipe(raw: str | dict, name: str = "recipe", key: str | None = None) 
     turn_reward = _weights(_section(data, "turn_reward", key), method.turn_reward_keys, f"{key}.turn_reward")
     options_raw = _section(data, "options", key)
     if method.options is None and options_raw:
-        raise ValueError(f"config key '{key}.options': method {env!r} takes no options, got {sorted(options_raw)}")
+        raise InputError(f"config key '{key}.options': method {env!r} takes no options, got {sorted(options_raw)}")
     options = _build(method.options, options_raw, f"{key}.options") if method.options is not None else None
     recipe = Recipe(
         name=name, env=env, topk=int(data.get("topk", 3)), max_queries=int(data.get("max_queries", 1)),
@@ -153,10 +154,10 @@ def _weights(raw: dict, known: tuple[str, ...], key: str, nonempty: bool = False
     try:
         weights = {str(k): float(v) for k, v in dict(raw).items()}
     except (TypeError, ValueError):
-        raise ValueError(f"config key '{key}': weights must be numbers, got {raw}") from None
+        raise InputError(f"config key '{key}': weights must be numbers, got {raw}") from None
     if (nonempty and not weights) or set(weights) - set(known):
         what = "a non-empty subset" if nonempty else "a subset"
-        raise ValueError(f"config key '{key}': weights must be {what} of {sorted(known)}, got {sorted(weights)}")
+        raise InputError(f"config key '{key}': weights must be {what} of {sorted(known)}, got {sorted(weights)}")
     return weights
 
 
@@ -184,14 +185,14 @@ def _check_sft_route(recipe: Recipe) -> None:
         return
     source = recipe.sft_source
     if source not in method.sft_sources:
-        raise ValueError(f"config key '{key}.source': {source!r} is not one of {list(method.sft_sources)} "
+        raise InputError(f"config key '{key}.source': {source!r} is not one of {list(method.sft_sources)} "
                          f"(method {method.name!r})")
     if source == "teacher":
         teacher = dict(sft.get("teacher") or {})
         serve = teacher.pop("serve", None)
         _typed(teacher, TEACHER_KEYS, f"{key}.teacher")
         if "model" not in teacher:
-            raise ValueError(f"config key '{key}.teacher': teacher trajectories need ['model'] (a model with the "
+            raise InputError(f"config key '{key}.teacher': teacher trajectories need ['model'] (a model with the "
                              "policy's tokenizer: with base_url, the name an OpenAI-compatible endpoint serves; "
                              "without, a path or HF id the job serves itself), or set sft.source / "
                              "sft.enabled: false")
@@ -199,9 +200,9 @@ def _check_sft_route(recipe: Recipe) -> None:
     if source == "import":
         spec = _typed(sft.get("import"), IMPORT_KEYS, f"{key}.import")
         if "path" not in spec:
-            raise ValueError(f"config key '{key}.import.path': the SFT file to import is required")
+            raise InputError(f"config key '{key}.import.path': the SFT file to import is required")
         if spec.get("format", "chat_json") not in IMPORT_FORMATS:
-            raise ValueError(f"config key '{key}.import.format': {spec['format']!r} is not one of {IMPORT_FORMATS}")
+            raise InputError(f"config key '{key}.import.format': {spec['format']!r} is not one of {IMPORT_FORMATS}")
 
 
 def serve_settings(endpoint: dict) -> dict | None:
@@ -217,10 +218,10 @@ def _check_serve(serve, has_url: bool, key: str) -> None:
     """`serve` is true/false or a SERVE_KEYS mapping; it and base_url exclude each other."""
     if serve is None or serve is False:
         if serve is False and not has_url:
-            raise ValueError(f"config key '{key}.serve': false needs '{key}.base_url' (an external endpoint)")
+            raise InputError(f"config key '{key}.serve': false needs '{key}.base_url' (an external endpoint)")
         return
     if has_url:
-        raise ValueError(f"config key '{key}': base_url (an external endpoint) and serve (a server this job "
+        raise InputError(f"config key '{key}': base_url (an external endpoint) and serve (a server this job "
                          "starts) exclude each other; keep one")
     if serve is True:
         return
@@ -230,47 +231,47 @@ def _check_serve(serve, has_url: bool, key: str) -> None:
 def _check_server_args(args, key: str, reserved: tuple[str, ...] = ()) -> None:
     """vLLM server arguments: strings, none overriding an option in `reserved` that the job sets."""
     if not all(isinstance(a, str) for a in args):
-        raise ValueError(f"config key '{key}': vLLM server arguments must be strings, got {args!r}")
+        raise InputError(f"config key '{key}': vLLM server arguments must be strings, got {args!r}")
     for arg in args:
         # argparse also reads an unambiguous prefix (`--hos`) as the option, and `_` as `-`.
         name = arg.split("=", 1)[0].replace("_", "-")
         hit = [r for r in reserved if len(name) > 2 and r.startswith(name)]
         if hit:
-            raise ValueError(f"config key '{key}': {arg!r} would override {hit[0]}, which "
+            raise InputError(f"config key '{key}': {arg!r} would override {hit[0]}, which "
                              "the RL job sets itself (the server listens on 127.0.0.1, on a free port it picks)")
 
 
 def _check_rl_route(recipe: Recipe) -> None:
     backend = recipe.rl.get("backend", "local")
     if backend not in recipe.method.rl_backends:
-        raise ValueError(f"config key 'recipes.{recipe.name}.rl.backend': {backend!r} is not supported by method "
+        raise InputError(f"config key 'recipes.{recipe.name}.rl.backend': {backend!r} is not supported by method "
                          f"{recipe.env!r} (supported: {list(recipe.method.rl_backends)})")
     verl = recipe.rl.get("verl", {})
     if not isinstance(verl, dict):
-        raise ValueError(f"config key 'recipes.{recipe.name}.rl.verl': expected a mapping of verl overrides")
+        raise InputError(f"config key 'recipes.{recipe.name}.rl.verl': expected a mapping of verl overrides")
     key = f"recipes.{recipe.name}.rl"
     engine = recipe.rl.get("rollout_engine", "hf")
     if engine not in ROLLOUT_ENGINES:
-        raise ValueError(f"config key '{key}.rollout_engine': {engine!r} is not one of {list(ROLLOUT_ENGINES)}")
+        raise InputError(f"config key '{key}.rollout_engine': {engine!r} is not one of {list(ROLLOUT_ENGINES)}")
     if backend != "local" and (engine != "hf" or "rollout_serve" in recipe.rl):
-        raise ValueError(f"config key '{key}.rollout_engine': the {backend!r} backend generates its own rollouts; "
+        raise InputError(f"config key '{key}.rollout_engine': the {backend!r} backend generates its own rollouts; "
                          "rollout_engine and rollout_serve are settings of the local trainer")
     serve = _typed(recipe.rl.get("rollout_serve"), ROLLOUT_SERVE_KEYS, f"{key}.rollout_serve")
     _check_server_args(serve.get("args", []), f"{key}.rollout_serve.args", ROLLOUT_SERVE_RESERVED_ARGS)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in serve.get("env", {}).items()):
-        raise ValueError(f"config key '{key}.rollout_serve.env': environment variables must map strings to "
+        raise InputError(f"config key '{key}.rollout_serve.env': environment variables must map strings to "
                          f"strings, got {serve['env']!r}")
 
 
 def _typed(raw, spec: dict[str, type], key: str) -> dict:
     value = raw or {}
     if not isinstance(value, dict):
-        raise ValueError(f"config key '{key}': expected a mapping, got {type(value).__name__}")
+        raise InputError(f"config key '{key}': expected a mapping, got {type(value).__name__}")
     for k, v in value.items():
         if k not in spec:
-            raise ValueError(f"config key '{key}.{k}': unknown setting; known: {sorted(spec)}")
+            raise InputError(f"config key '{key}.{k}': unknown setting; known: {sorted(spec)}")
         if not isinstance(v, spec[k]) or isinstance(v, bool):
-            raise ValueError(f"config key '{key}.{k}': expected {spec[k].__name__}, got {v!r}")
+            raise InputError(f"config key '{key}.{k}': expected {spec[k].__name__}, got {v!r}")
     return value
 
 
@@ -327,30 +328,30 @@ def harr_generator_spec(raw: Any, key: str = "harr.generator") -> dict:
     """harr.generator normalised to a mapping: a plain string names a run ({"run": name})."""
     if isinstance(raw, str):
         if not raw:
-            raise ValueError(f"config key '{key}': a run name or a mapping is required, got ''")
+            raise InputError(f"config key '{key}': a run name or a mapping is required, got ''")
         return {"run": raw}
     if not isinstance(raw, dict):
-        raise ValueError(f"config key '{key}': a run name or a mapping ({sorted(HARR_GENERATOR_KEYS)} and serve), "
+        raise InputError(f"config key '{key}': a run name or a mapping ({sorted(HARR_GENERATOR_KEYS)} and serve), "
                          f"got {raw!r}")
     data = dict(raw)
     serve = data.pop("serve", None)
     spec = _typed(data, HARR_GENERATOR_KEYS, key)
     if ("run" in spec) == ("model" in spec):
-        raise ValueError(f"config key '{key}': name exactly one of run (a run of this workflow) and model "
+        raise InputError(f"config key '{key}': name exactly one of run (a run of this workflow) and model "
                          f"(an outside checkpoint), got {sorted(spec)}")
     if "model" in spec:
         if "recipe" not in spec:
-            raise ValueError(f"config key '{key}.recipe': model {spec['model']!r} needs the recipe settings it runs "
+            raise InputError(f"config key '{key}.recipe': model {spec['model']!r} needs the recipe settings it runs "
                              "under (env, topk, rollout, ...), as a recipes entry has them")
         # Normalised with the method it resolves to, so the workflow reads env as from a recipe entry.
         spec["recipe"] = {**spec["recipe"], "env": parse_recipe(spec["recipe"], "generator", key=f"{key}.recipe").env}
     elif "recipe" in spec:
-        raise ValueError(f"config key '{key}.recipe': run {spec['run']!r} brings its own recipe; drop this key")
+        raise InputError(f"config key '{key}.recipe': run {spec['run']!r} brings its own recipe; drop this key")
     if serve not in (None, False):
         _check_serve(serve, "base_url" in spec, key)
         spec["serve"] = serve
     if "served_name" in spec and "base_url" not in spec:
-        raise ValueError(f"config key '{key}.served_name': only with base_url (a server this job starts takes "
+        raise InputError(f"config key '{key}.served_name': only with base_url (a server this job starts takes "
                          "serve.served_name)")
     return spec
 
@@ -382,23 +383,23 @@ def parse_harr(raw: str | dict, key: str = "harr") -> HarrRecipe:
     data = json.loads(raw) if isinstance(raw, str) else dict(raw)
     unknown = sorted(set(data) - set(HARR_KEYS))
     if unknown:
-        raise ValueError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(HARR_KEYS)}")
+        raise InputError(f"config key '{key}': unknown setting(s) {unknown}; known: {sorted(HARR_KEYS)}")
     harr_generator_spec(data.get("generator"), f"{key}.generator")
     for name in ("index", "train_dataset"):
         if not isinstance(data.get(name), str) or not data[name]:
-            raise ValueError(f"config key '{key}.{name}': a name is required, got {data.get(name)!r}")
+            raise InputError(f"config key '{key}.{name}': a name is required, got {data.get(name)!r}")
     evals = data.get("eval_datasets") or []
     if not isinstance(evals, list) or not evals or not all(isinstance(d, str) and d for d in evals):
-        raise ValueError(f"config key '{key}.eval_datasets': a non-empty list of dataset names, got {evals!r}")
+        raise InputError(f"config key '{key}.eval_datasets': a non-empty list of dataset names, got {evals!r}")
     ks = data.get("recall_k", [1, 3, 5])
     # Empty: no recall jobs (a corpus whose QA rows name no supporting passages, e.g. wiki-18 + FlashRAG).
     if not isinstance(ks, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
-        raise ValueError(f"config key '{key}.recall_k': a list of integers >= 1 ([]: no recall), got {ks!r}")
+        raise InputError(f"config key '{key}.recall_k': a list of integers >= 1 ([]: no recall), got {ks!r}")
     limit = data.get("filter_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"config key '{key}.filter_limit': an integer >= 1 or null, got {limit!r}")
+        raise InputError(f"config key '{key}.filter_limit': an integer >= 1 or null, got {limit!r}")
     if not isinstance(data.get("filter", True), bool):
-        raise ValueError(f"config key '{key}.filter': true or false, got {data['filter']!r}")
+        raise InputError(f"config key '{key}.filter': true or false, got {data['filter']!r}")
     encoder = _section(data, "encoder", key)
     if isinstance(encoder.get("lora_target_modules"), list):
         encoder["lora_target_modules"] = tuple(encoder["lora_target_modules"])
