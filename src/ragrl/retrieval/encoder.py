@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from ragrl.errors import InputError
 from ragrl.models import resolve_model_path
 from ragrl.progress import progress
+from ragrl.retrieval.st_stack import load_plain_stack
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # Texts handed to one `encode` call: large enough to keep the device busy, small enough that the
@@ -54,17 +55,21 @@ class Encoder:
     ) -> None:
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {batch_size}")
-        # Imported here: sentence-transformers pulls in torch + transformers (seconds), which the
-        # BM25-only paths and the HTTP client never need.
-        from sentence_transformers import SentenceTransformer
-
         self.model_name = model
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
         self.batch_size = batch_size
         self.normalize = normalize
         self.device = device or default_device()
-        self._model = SentenceTransformer(resolve_model_path(model), device=self.device, trust_remote_code=False)
+        path = resolve_model_path(model)
+        # Imported here: torch + transformers cost seconds, which the BM25-only paths and the HTTP
+        # client never need; sentence-transformers adds ~3.5 s more (its training stack), so it is
+        # only imported for stacks that st_stack cannot replay bit for bit.
+        self._model = load_plain_stack(path, self.device)
+        if self._model is None:
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(path, device=self.device, trust_remote_code=False)
         if max_length is not None:
             self._model.max_seq_length = max_length
         self.max_length = self._model.max_seq_length
