@@ -29,17 +29,14 @@ from ragrl.kg.extraction import Triple, parse_triples, triples_json
 from ragrl.methods import get_method
 from ragrl.recipe import parse_recipe
 from ragrl.rewards.autograph import ConnectivityJudge
-from ragrl.toy.tiny_model import build_tiny
-from ragrl.toy.world import generate_world, world_text, write_world
-from test_rollout import SPEC  # the tiny policy the rollout tests use
+
+from helpers import world_and_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("autograph")
-    world = generate_world(3, 30)
-    write_world(world, root / "world")
-    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    world, model_dir = world_and_model(root)
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     gold = gold_triples_by_passage(pq.read_table(root / "world/kg/B/triples.parquet").to_pylist())
     qa = [r for r in world.qa["train"] if len(r["supporting_ids"]) == 2][:4]

@@ -29,18 +29,14 @@ from ragrl.settings import RolloutConfig as _Cfg
 from ragrl.stages.agent import environment
 from ragrl.retrieval.searcher import load_searcher
 from ragrl.retrieval.sparse import build_bm25
-from ragrl.toy.tiny_model import TinyModelSpec, build_tiny
-from ragrl.toy.world import generate_world, world_text, write_world
 
-SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
+from helpers import world_and_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
-    world = generate_world(3, 30)
-    write_world(world, root / "world")
-    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    world, model_dir = world_and_model(root)
     build_bm25(root / "world" / "passages.parquet", root / "bm25")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

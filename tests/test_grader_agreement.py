@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from test_workflow import REPO
+from helpers import REPO
 
 _spec = importlib.util.spec_from_file_location("grader_agreement", REPO / "scripts/grader_agreement.py")
 ga = importlib.util.module_from_spec(_spec)

@@ -11,7 +11,7 @@ from ragrl.recipe import HARR_RUNS, harr_generator_spec, harr_lineage, parse_har
 from ragrl.stages.harr import GeneratorSource, multihop_recall, served, step_seed
 
 from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
-from test_retriever_rollout import HashedBagPolicy, world  # noqa: F401  (world: a toy index, passages and policy)
+from helpers import HashedBagPolicy, world  # noqa: F401  (world: a toy index, passages and policy)
 
 BASE = {"generator": "search_r1_sft", "index": "flat", "train_dataset": "world_train", "eval_datasets": ["world_test"]}
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from test_workflow import REPO, TINY, _snakemake
+from helpers import REPO, TINY, run_snakemake
 
 HARR_RUNS = ["harr_frozen", "harr_frozen_history", "harr", "harr_no_history"]
 
@@ -61,7 +61,7 @@ def _number(cell: str) -> float:
 
 @pytest.mark.integration
 def test_harr_dag_makes_its_tables(tmp_path):
-    proc = _snakemake(tmp_path, harr_tiny_config(outside_generator=True))
+    proc = run_snakemake(tmp_path, harr_tiny_config(outside_generator=True))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert not (tmp_path / "results/models").exists()  # nothing trained but the encoders
     tables = tmp_path / "results/tables"
@@ -107,7 +107,7 @@ def test_harr_dag_makes_its_tables(tmp_path):
 def test_a_bad_harr_setting_fails_the_dry_run(tmp_path, change, needle):
     cfg = harr_tiny_config()
     cfg["harr"].update(change)
-    proc = _snakemake(tmp_path, cfg, "-n")
+    proc = run_snakemake(tmp_path, cfg, "-n")
     assert proc.returncode != 0
     assert needle in proc.stderr + proc.stdout
     assert not (tmp_path / "results").exists()
@@ -115,7 +115,7 @@ def test_a_bad_harr_setting_fails_the_dry_run(tmp_path, change, needle):
 
 @pytest.mark.slow
 def test_the_harr_dry_run_plans_every_job(tmp_path):
-    proc = _snakemake(tmp_path, harr_tiny_config(), "-n", "--quiet", "rules")
+    proc = run_snakemake(tmp_path, harr_tiny_config(), "-n", "--quiet", "rules")
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = dict(re.findall(r"^(harr_\w+)\s+(\d+)$", proc.stdout, re.M))
     # four evaluated runs (frozen, frozen on history-aware states, HARR, no-history), two trained

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from test_workflow import REPO
+from helpers import REPO
 
 _spec = importlib.util.spec_from_file_location("judge_agreement_autograph",
                                                REPO / "scripts/judge_agreement_autograph.py")

@@ -31,13 +31,14 @@ from ragrl.kg.environment import KGEnvironment
 from ragrl.methods import get_method
 from ragrl.stages.agent import load_backends
 from ragrl.stages.agent_rl import make_rollout_fn
-from ragrl.toy.tiny_model import TinyModelSpec, build_tiny, with_prompt_text
+from ragrl.toy.tiny_model import build_tiny, with_prompt_text
 from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.train import advantages as adv_lib
 from ragrl.train.kg_sft_data import gold_path, kg_gold_trajectories, plan_row, readable_names
 from ragrl.train.rl import RLConfig, collate, sample_advantages
 
-SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
+from helpers import SPEC
+
 CFG = RolloutConfig(max_turns=5, max_turn_tokens=128, max_obs_tokens=256, max_response_tokens=2048)
 
 

@@ -148,7 +148,7 @@ def test_knowrl_dag_trains_evaluates_by_group_and_shares_the_sft_start(tmp_path)
     questions), SFT, RL with and without the factuality term from one SFT model, evaluation of
     the untrained, SFT and RL policies grouped by known / unknown topic, and the knowrl_* tables."""
     import duckdb
-    from test_workflow import TINY, _jobs_run, _snakemake
+    from helpers import TINY, jobs_run, run_snakemake
 
     config = copy.deepcopy(TINY)
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -165,9 +165,9 @@ def test_knowrl_dag_trains_evaluates_by_group_and_shares_the_sft_start(tmp_path)
     config["evaluation"]["max_questions"] = None  # all 30, both groups (the first 4 are all unknown)
     config["results"]["main_metric"] = "incorrect"
     config["results"]["plot_metrics"] = ["correct"]
-    proc = _snakemake(tmp_path, config, "--verbose")
+    proc = run_snakemake(tmp_path, config, "--verbose")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    jobs = _jobs_run(proc.stdout + proc.stderr)
+    jobs = jobs_run(proc.stdout + proc.stderr)
     # The ablation trains no SFT model of its own: its RL starts from knowrl's.
     assert {w for r, w in jobs if r == "sft"} == {"recipe=knowrl"}
     assert "results/models/knowrl/sft_merged" in (tmp_path / "logs/rl/knowrl_no_fact.log").read_text()

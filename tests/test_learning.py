@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 import yaml
 
-from test_workflow import REPO, _snakemake
+from helpers import REPO, run_snakemake
 
 EVAL = "results/eval/search_r1_sft"
 
@@ -46,7 +46,7 @@ def _learning_config() -> dict:
 def sft_run(tmp_path_factory):
     """The SFT run both tests read (one Snakemake run: SFT from the shipped base, its evaluation)."""
     work = tmp_path_factory.mktemp("learning")
-    proc = _snakemake(work, _learning_config(), EVAL)
+    proc = run_snakemake(work, _learning_config(), EVAL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return work
 

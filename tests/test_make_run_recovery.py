@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_workflow import REPO, TINY
+from helpers import REPO, TINY
 
 SCRIPT = REPO / "scripts/unlock_stale.sh"
 

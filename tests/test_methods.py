@@ -12,7 +12,7 @@ import yaml
 
 from ragrl.methods import Method, builtin_names, get_method, load_plugin
 from ragrl.recipe import parse_recipe, stage_keys
-from test_workflow import REPO, TINY, _snakemake
+from helpers import REPO, TINY, run_snakemake
 
 PLUGIN = REPO / "tests/plugins/direct_answer.py"
 # The generic layers: they look methods up and must never branch on one's name.
@@ -92,7 +92,7 @@ def test_schema_documents_every_recipe_key():
 def test_misspelled_recipe_key_fails_the_dry_run(tmp_path, section, bad, needle):
     cfg = json.loads(json.dumps(TINY))
     cfg["recipes"]["search_r1"][section] = {**cfg["recipes"]["search_r1"].get(section, {}), **bad}
-    proc = _snakemake(tmp_path, cfg, "-n")
+    proc = run_snakemake(tmp_path, cfg, "-n")
     assert proc.returncode != 0
     assert needle in proc.stderr + proc.stdout
     assert not (tmp_path / "results").exists()
@@ -103,7 +103,7 @@ def test_gold_sft_on_a_real_dataset_fails_the_dry_run_saying_what_to_set(tmp_pat
     cfg = json.loads(json.dumps(TINY))
     cfg["datasets"]["hotpotqa_example"] = {"format": "hotpotqa", "path": "resources/fixtures/qa/hotpotqa.json"}
     cfg["recipes"]["search_r1"]["train_dataset"] = "hotpotqa_example"
-    proc = _snakemake(tmp_path, cfg, "-n")
+    proc = run_snakemake(tmp_path, cfg, "-n")
     assert proc.returncode != 0
     out = proc.stderr + proc.stdout
     assert "recipes.search_r1.sft.source" in out and "sft.source: teacher" in out and "sft.source: import" in out
@@ -162,7 +162,7 @@ def _plugin_config() -> dict:
 @pytest.mark.integration
 def test_a_method_from_outside_src_runs_through_the_workflow(tmp_path):
     """sft_data → sft → rl → eval → results for a plug-in that no file under src/ or rules/ names."""
-    proc = _snakemake(tmp_path, _plugin_config())
+    proc = run_snakemake(tmp_path, _plugin_config())
     assert proc.returncode == 0, proc.stderr[-3000:]
     import duckdb
 

@@ -16,7 +16,7 @@ import pytest
 from ragrl.retrieval import gpu
 from ragrl.retrieval.dense import build_faiss_index, load_faiss_index, write_embeddings
 from ragrl.retrieval.searcher import load_searcher
-from test_retrieval_index import MODEL, clustered_unit_vectors, passages_path  # noqa: F401  (fixture)
+from helpers import MODEL, clustered_unit_vectors, passages_path  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.skipif(gpu.faiss_gpu_count() > 0, reason="a GPU is present: the fallback is not taken")
 

@@ -29,42 +29,13 @@ from ragrl.retrieval.encoder import Encoder, passage_contents
 from ragrl.retrieval.searcher import DenseRetriever, PassageStore, Searcher, load_searcher, rrf
 from ragrl.retrieval.sparse import build_bm25, load_bm25
 
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-
-PASSAGES = [
-    ("Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France, completed in 1889."),
-    ("Photosynthesis", "Photosynthesis is the process by which green plants turn sunlight, water and carbon dioxide into sugar."),
-    ("Python (programming language)", "Python is a programming language created by Guido van Rossum, first released in 1991."),
-    ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level, in the Himalayas between Nepal and China."),
-    ("Great Barrier Reef", "The Great Barrier Reef off Queensland, Australia is the world's largest coral reef system."),
-    ("Penicillin", "Penicillin was discovered by Alexander Fleming in 1928 and was the first widely used antibiotic."),
-    ("Jazz", "Jazz is a music genre that originated in African-American communities of New Orleans."),
-    ("Quokka", "The quokka is a small wallaby that lives on Rottnest Island; locals call it the zorblax."),
-    ("Apollo 11", "Apollo 11 was the spaceflight that first landed humans on the Moon, in July 1969."),
-    ("Chess", "Chess is a board game for two players on a checkered board of 64 squares."),
-    ("Volcano", "A volcano is a rupture in a planet's crust through which lava, volcanic ash and gases escape."),
-    ("Coffee", "Coffee is a drink brewed from roasted coffee beans, the seeds of Coffea berries."),
-    ("Kangaroo", "Kangaroos are large marsupials of Australia that move by hopping on their hind legs."),
-]
-
-
-def passages_table(rows=PASSAGES) -> pa.Table:
-    return pa.table(
-        {
-            "id": [f"p{i}" for i in range(len(rows))],
-            "title": [t for t, _ in rows],
-            "text": [x for _, x in rows],
-            "source": ["test"] * len(rows),
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def passages_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("passages") / "passages.parquet"
-    # Small row groups, so sharded reads really have to cross and slice row groups.
-    pq.write_table(passages_table(), path, row_group_size=4)
-    return path
+from helpers import (  # noqa: F401  (passages_path: a fixture)
+    MODEL,
+    PASSAGES,
+    clustered_unit_vectors,
+    passages_path,
+    passages_table,
+)
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +61,6 @@ def bm25_dir(tmp_path_factory, passages_path) -> Path:
 
 
 # ----------------------------------------------------------------------------- random vectors
-
-
-def clustered_unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
-    # Clustered like real embeddings; isotropic noise would make any ANN index look bad.
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((50, dim))
-    x = centres[rng.integers(0, 50, n)] + 0.7 * rng.standard_normal((n, dim))
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
 def write_plain_shards(x: np.ndarray, directory: Path, num_shards: int) -> list[Path]:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 from types import SimpleNamespace
 
-import faiss
-import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
@@ -18,48 +14,12 @@ from ragrl.retrieval.query_state import (
     Hop,
     history_state,
 )
-from ragrl.retrieval.searcher import PassageStore
 from ragrl.train.retriever_grpo import update
 from ragrl.train.retriever_policy import recompute_log_probs
 from ragrl.train.retriever_rollout import HistoryAwareSearchEnvironment, rollout_groups
 
 from harr_helpers import one_thread  # noqa: F401  (autouse: one OpenMP thread)
-
-DIM = 16
-
-
-class HashedBagPolicy(torch.nn.Module):
-    """Words hashed to fixed random vectors, summed, then one learnable linear map."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(DIM, DIM)
-
-    @staticmethod
-    def _bag(text: str) -> torch.Tensor:
-        vecs = [torch.randn(DIM, generator=torch.Generator().manual_seed(
-            int(hashlib.sha1(w.encode()).hexdigest()[:8], 16))) for w in text.split()]
-        return torch.stack(vecs).sum(0) if vecs else torch.zeros(DIM)
-
-    def forward(self, texts):
-        return torch.nn.functional.normalize(self.proj(torch.stack([self._bag(t) for t in texts])), dim=-1)
-
-    @torch.no_grad()
-    def encode(self, texts):
-        return self.forward(texts)
-
-
-@pytest.fixture()
-def world():
-    rng = np.random.default_rng(0)
-    docs = rng.normal(size=(20, DIM)).astype(np.float32)
-    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
-    index = faiss.IndexFlatIP(DIM)
-    index.add(docs)
-    store = PassageStore(pa.table({"id": [f"p{i}" for i in range(20)], "title": [f"T{i}" for i in range(20)],
-                                   "text": [f"text {i}" for i in range(20)]}))
-    torch.manual_seed(0)
-    return HashedBagPolicy(), index, store
+from helpers import world  # noqa: F401  (fixture: a toy index, passages and policy)
 
 
 def test_each_search_is_a_recorded_draw_with_the_history_aware_state(world):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from test_workflow import TINY, _snakemake
+from helpers import TINY, run_snakemake
 
 TARGET = "results/train/kg_r1_rl/train_log.jsonl"
 
@@ -28,12 +28,12 @@ def test_rl_restarts_on_new_weights_and_a_typo_keeps_its_checkpoints(tmp_path):
     work = tmp_path / "results/train/kg_r1_rl/work"
     log = tmp_path / "logs/rl/kg_r1.log"
 
-    first = _snakemake(tmp_path, _config(), TARGET)
+    first = run_snakemake(tmp_path, _config(), TARGET)
     assert first.returncode == 0, first.stderr[-3000:]
     old_final = (work / "final/model.safetensors").read_bytes()
 
     # F1: the policy is rebuilt in place with other weights; RL must train again, not resume.
-    second = _snakemake(tmp_path, _config(seed=1), TARGET)
+    second = run_snakemake(tmp_path, _config(seed=1), TARGET)
     assert second.returncode == 0, second.stderr[-3000:]
     text = log.read_text()
     assert "resuming from" not in text and "changed: input 'policy'" in text
@@ -48,7 +48,7 @@ def test_rl_restarts_on_new_weights_and_a_typo_keeps_its_checkpoints(tmp_path):
     # and the finished training's checkpoints stay.
     config = _config(seed=1)
     config["recipes"]["kg_r1"]["rl"]["stepz"] = 3
-    third = _snakemake(tmp_path, config, TARGET)
+    third = run_snakemake(tmp_path, config, TARGET)
     assert third.returncode != 0
     assert "recipes.kg_r1.rl.stepz" in third.stdout + third.stderr
     assert sorted(p.name for p in (work / "checkpoints").iterdir()) == checkpoints

@@ -28,8 +28,7 @@ from ragrl.serving import PYTHON_ENV, ServerStartError
 from ragrl.stages.agent_rl import hf_generators, make_rollout_fn, rollout_engine
 from ragrl.train.rl import RLConfig, train_rl
 from rl_toy import one_torch_thread
-from test_rollout import FakeRetriever, world_and_model
-from test_vllm_backend import FirstTurnSearches
+from helpers import FakeRetriever, FirstTurnSearches, world_and_model
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -30,20 +30,20 @@ from ragrl.agent.generation import GenerationBackendError, HFGenerator, OpenAICo
 from ragrl.agent.protocol import OBS_PREFIX, OBS_SUFFIX, TURN_LIMIT_NOTICE, forced_answer_prompt, recorded_turns
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 from ragrl.rewards import composite_reward, exact_match, extract_answer, format_reward, turns_format_reward
-from ragrl.toy.tiny_model import CHAT_TEMPLATE, TinyModelSpec, build_tiny
-from ragrl.toy.world import generate_world, world_text, write_world
+from ragrl.toy.tiny_model import CHAT_TEMPLATE
 
-SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
+from helpers import (
+    FakeRetriever,
+    RecordingGenerator,
+    check_bounds,
+    check_mask_against_info_spans,
+    check_turns,
+    encode_text,
+    world_and_model,
+)
 
 
 # --------------------------------------------------------------------------- fixtures and fakes
-
-
-def world_and_model(root, spec=SPEC):
-    """The 3 x 30 toy world under root/world and a tiny model built on its text under root/model."""
-    world = generate_world(3, 30)
-    write_world(world, root / "world")
-    return world, build_tiny(world_text(root / "world"), root / "model", spec)
 
 
 @pytest.fixture(scope="module")
@@ -66,30 +66,6 @@ class RetrievalUnavailable(RuntimeError):
     """What a real retriever client raises when its server is down."""
 
 
-class FakeRetriever:
-    """Word-overlap ranking over the world's passages; records every call."""
-
-    def __init__(self, passages, fail: Exception | None = None, mangle: Callable | None = None):
-        self.passages = passages
-        self.words = [set(re.findall(r"\w+", f"{p['title']} {p['text']}".lower())) for p in passages]
-        self.calls: list[list[str]] = []
-        self.fail = fail
-        self.mangle = mangle
-
-    def search(self, queries, topk):
-        self.calls.append(list(queries))
-        if self.fail is not None:
-            raise self.fail
-        out = [self._rank(q)[:topk] for q in queries]
-        return self.mangle(out) if self.mangle else out
-
-    def _rank(self, query):
-        q = set(re.findall(r"\w+", query.lower()))
-        order = sorted(range(len(self.passages)), key=lambda i: (-len(q & self.words[i]), self.passages[i]["id"]))
-        return [{"id": self.passages[i]["id"], "title": self.passages[i]["title"], "text": self.passages[i]["text"],
-                 "score": float(len(q & self.words[i]))} for i in order]
-
-
 class ScriptedGenerator:
     """Returns `script(context_text)` encoded with the real tokenizer, honouring only the token budget
     (not the stop tags: the engine must cut overshoot itself)."""
@@ -104,22 +80,6 @@ class ScriptedGenerator:
         self.calls.append(limits)
         return [self.tok.encode(self.script(self.tok.decode(ids)), add_special_tokens=False)[:lim]
                 for ids, lim in zip(batch, limits)]
-
-
-class RecordingGenerator:
-    """Wraps a real backend and remembers what it returned for each context."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.outputs: dict[tuple[int, ...], list[list[int]]] = {}  # a GRPO group shares its first context
-        self.calls = 0
-
-    def generate(self, batch, max_new_tokens, *args, **kwargs):
-        self.calls += 1
-        out = self.inner.generate(batch, max_new_tokens, *args, **kwargs)
-        for ids, new in zip(batch, out):
-            self.outputs.setdefault(tuple(ids), []).append(new)
-        return out
 
 
 def _question(context: str) -> str:
@@ -155,57 +115,8 @@ def _engine(tiny, generator, env=None, **cfg) -> RolloutEngine:
     return RolloutEngine(generator, tiny.tok, env, RolloutConfig(**cfg))
 
 
-def _ids(tok, text):
-    return tok.encode(text, add_special_tokens=False)
-
-
 # --------------------------------------------------------------------------- invariants
 
-
-def check_mask_against_info_spans(t, tok):
-    """Locate observation spans by their tag ids (independently of the engine) and compare masks."""
-    info_open, info_close = tok.convert_tokens_to_ids("<information>"), tok.convert_tokens_to_ids("</information>")
-    answer_open = tok.convert_tokens_to_ids("<answer>")
-    head, tail = _ids(tok, OBS_PREFIX), _ids(tok, OBS_SUFFIX)
-    notice = _ids(tok, TURN_LIMIT_NOTICE)
-    ids = t.response_ids
-    expected = [1] * len(ids)
-    i = 0
-    while i < len(ids):
-        if ids[i] != info_open:
-            i += 1
-            continue
-        j = ids.index(info_close, i)
-        start, end = i - len(head) + 1, j + len(tail)
-        assert ids[start : i + 1] == head and ids[j : end] == tail
-        if ids[i + 1 : j] == notice and end < len(ids) and ids[end] == answer_open:
-            end += 1  # the prefilled <answer> of the forced turn
-        expected[start:end] = [0] * (end - start)
-        i = end
-    assert t.loss_mask == expected
-
-
-def check_turns(t):
-    n = len(t.response_ids)
-    assert len(t.loss_mask) == len(t.turn_index) == n
-    assert set(t.loss_mask) <= {0, 1}
-    assert t.turn_index == sorted(t.turn_index), "turn indices must be non-decreasing"
-    assert sum(t.loss_mask) == t.generated_tokens and n - sum(t.loss_mask) == t.observation_tokens
-    if n:
-        assert t.turn_index[0] == 0 and t.turn_index[-1] + 1 == len(t.actions)
-    for k, action in enumerate(t.actions):
-        assert action["turn"] == k
-        masks = [m for m, ti in zip(t.loss_mask, t.turn_index) if ti == k]
-        assert masks == sorted(masks, reverse=True), "a turn is its generated tokens, then the reply to them"
-        assert masks.count(0) == action["observation_tokens"]
-    assert t.num_searches == sum(a["type"] == "search" and a["valid"] for a in t.actions)
-    assert t.finished == (t.answer is not None) == (t.stop_reason == "answer")
-
-
-def check_bounds(t, cfg: RolloutConfig):
-    assert len(t.response_ids) <= cfg.max_response_tokens
-    assert len(t.prompt_ids) + len(t.response_ids) <= cfg.max_context_tokens
-    assert len(t.actions) <= cfg.max_turns + 1
 
 
 # --------------------------------------------------------------------------- scripted rollouts
@@ -275,7 +186,7 @@ def test_forced_answer_after_max_turns(tiny):
         assert t.response_text.endswith(TURN_LIMIT_NOTICE + "</information>\n\n<answer>Velmar</answer>")
         # The notice and the prefilled <answer> are environment tokens of the last tool turn.
         turn1_env = [i for i, m, k in zip(t.response_ids, t.loss_mask, t.turn_index) if k == 1 and m == 0]
-        forced = _ids(tiny.tok, forced_answer_prompt())
+        forced = encode_text(tiny.tok, forced_answer_prompt())
         assert turn1_env[-len(forced):] == forced and len(turn1_env) == t.actions[1]["observation_tokens"]
         assert set(t.turn_index) == {0, 1, 2}
         assert turns_format_reward(recorded_turns(t)) == 1.0 == format_reward(t.response_text)
@@ -391,7 +302,7 @@ def test_observation_truncated_to_budget_keeps_closing_tag(tiny):
     (t,) = engine.run_questions([tiny.rows[0]["question"]])
     check_mask_against_info_spans(t, tiny.tok)
     check_turns(t)
-    tail = _ids(tiny.tok, OBS_SUFFIX)
+    tail = encode_text(tiny.tok, OBS_SUFFIX)
     for a in t.actions[:-1]:
         assert a["observation_tokens"] <= 24
     obs = [i for i, m, k in zip(t.response_ids, t.loss_mask, t.turn_index) if m == 0 and k == 0]
@@ -410,7 +321,7 @@ def test_response_and_context_bounds(tiny):
     assert len(t.response_ids) == 120  # the observation was cut to the room left
 
     # Room for the search but not for any observation: the search is not executed.
-    turn_len = len(_ids(tiny.tok, script("")))
+    turn_len = len(encode_text(tiny.tok, script("")))
     retriever = FakeRetriever(tiny.world.passages)
     engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), SearchEnvironment(retriever),
                      max_response_tokens=turn_len + 4)
@@ -465,7 +376,7 @@ def test_random_policy_rollouts(tiny):
     trajs = engine.run_questions(questions)
     tok = tiny.tok
     stops = set(engine.stop_token_ids)
-    head, tail = _ids(tok, OBS_PREFIX), _ids(tok, OBS_SUFFIX)
+    head, tail = encode_text(tok, OBS_PREFIX), encode_text(tok, OBS_SUFFIX)
     answer_open = tok.convert_tokens_to_ids("<answer>")
     for t in trajs:
         check_turns(t)
@@ -498,7 +409,7 @@ def test_random_policy_rollouts(tiny):
 
 def test_hf_backend_stops_at_token_ids_per_row(tiny):
     tok, hf = tiny.tok, tiny.hf
-    prompts = [_ids(tok, "Where was Ada born?"), _ids(tok, "hi")]
+    prompts = [encode_text(tok, "Where was Ada born?"), encode_text(tok, "hi")]
     free = hf.generate(prompts, 12, temperature=1.0, seed=3)
     assert free == hf.generate(prompts, 12, temperature=1.0, seed=3)  # seeded: reproducible
     assert all(len(x) <= 12 for x in free)
@@ -515,7 +426,7 @@ def test_hf_backend_stops_at_token_ids_per_row(tiny):
 def test_hf_backend_stop_strings(tiny):
     # Multi-token tags (a real tokenizer) stop through transformers' string matcher.
     tok, hf = tiny.tok, tiny.hf
-    prompts = [_ids(tok, "Where was Ada born?")]
+    prompts = [encode_text(tok, "Where was Ada born?")]
     (row,) = hf.generate(prompts, 16, temperature=1.0, seed=11)
     k = next(i for i in range(1, len(row))
              if len(tok.decode([row[i]]).strip()) >= 2 and tok.decode([row[i]]) not in tok.decode(row[:i]))
@@ -525,7 +436,7 @@ def test_hf_backend_stop_strings(tiny):
 
 def test_hf_backend_samples_from_the_plain_policy(tiny):
     # Checkpoint sampling defaults (top_k, repetition_penalty) must not leak into RL rollouts.
-    hf, prompts = tiny.hf, [_ids(tiny.tok, "Velmar"), _ids(tiny.tok, "Velmar")]
+    hf, prompts = tiny.hf, [encode_text(tiny.tok, "Velmar"), encode_text(tiny.tok, "Velmar")]
     plain = hf.generate(prompts, 10, temperature=1.0, seed=5)
     saved = hf.model.generation_config
     hf.model.generation_config = transformers.GenerationConfig(**saved.to_dict())
@@ -539,7 +450,7 @@ def test_hf_backend_samples_from_the_plain_policy(tiny):
 
 def test_hf_backend_left_padding_matches_unbatched_greedy(tiny):
     tok, hf = tiny.tok, tiny.hf
-    prompts = [_ids(tok, "In what year was the company founded?"), _ids(tok, "Velmar")]
+    prompts = [encode_text(tok, "In what year was the company founded?"), encode_text(tok, "Velmar")]
     batched = hf.generate(prompts, 8, temperature=0)
     single = [hf.generate([p], 8, temperature=0)[0] for p in prompts]
     assert batched == single
@@ -552,7 +463,7 @@ def test_hf_backend_growing_cache_generates_what_transformers_cache_does(tiny, m
     import ragrl.agent.generation as generation
 
     tok, hf = tiny.tok, tiny.hf
-    prompts = [_ids(tok, "Where was Ada born?"), _ids(tok, "Velmar"), _ids(tok, "In what year was it founded? " * 3)]
+    prompts = [encode_text(tok, "Where was Ada born?"), encode_text(tok, "Velmar"), encode_text(tok, "In what year was it founded? " * 3)]
     ours = [hf.generate(prompts, 150, temperature=t, seed=7) for t in (0, 1.0)]
     assert max(len(r) for r in ours[1]) > 64  # past the first buffer of max(2 * prompt, 64)
     monkeypatch.setattr(generation, "growing_cache", lambda config: transformers.DynamicCache(config=config))
@@ -669,7 +580,7 @@ def test_openai_errors_are_clear(vllm):
 def test_openai_retokenize_fallback_and_unreachable_server(vllm, tiny):
     vllm.handler.script = [(200, {"choices": [{"index": 0, "text": "<search>q</search>"}]})]
     gen = OpenAICompletionsGenerator(vllm.url, "policy", backoff_s=0, retokenize_with=tiny.tok)
-    assert gen.generate([[1]], 8) == [_ids(tiny.tok, "<search>q</search>")]
+    assert gen.generate([[1]], 8) == [encode_text(tiny.tok, "<search>q</search>")]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

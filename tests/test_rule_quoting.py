@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from test_workflow import REPO, TINY, _snakemake
+from helpers import REPO, TINY, run_snakemake
 
 _PLACEHOLDER = re.compile(r"(?<!\{)\{([^{}]+)\}(?!\})")
 
@@ -48,7 +48,7 @@ def test_paths_with_space_and_semicolon(tmp_path):
     config["corpora"] = {"raw": {"format": "dpr", "inputs": [str(corpus)]}}
     config["retrieval"].update(corpus="raw", indexes={"flat": "Flat"}, shards=2)
     targets = ["results/corpus/raw/passages.parquet", "results/index/raw/flat/meta.json", "results/index/raw/bm25"]
-    proc = _snakemake(work, config, *targets)
+    proc = run_snakemake(work, config, *targets)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list(tmp_path.rglob("PWNED")) and not (work / "PWNED").exists()
     from ragrl.retrieval.searcher import load_searcher

@@ -31,8 +31,6 @@ from ragrl.agent.retriever_adapter import AgentRetriever
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 from ragrl.retrieval.searcher import load_searcher
 from ragrl.retrieval.sparse import build_bm25
-from ragrl.toy.tiny_model import TinyModelSpec, build_tiny
-from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.train.merge import merge_lora
 from ragrl.train.sft import SFTArgs, build_trainer, train_sft
 from ragrl.train.sft_data import (
@@ -43,7 +41,8 @@ from ragrl.train.sft_data import (
 )
 from ragrl.toy.gold import WorldPlanner, plan_row
 
-SPEC = TinyModelSpec(vocab_size=600, hidden_size=128, num_heads=2, num_kv_heads=1, num_layers=2, intermediate_size=256)
+from helpers import world_and_model
+
 # Room for two queries' worth of passages in one multi-query observation.
 CFG = RolloutConfig(max_turns=4, max_obs_tokens=1024, max_response_tokens=4096, max_turn_tokens=256)
 
@@ -51,9 +50,7 @@ CFG = RolloutConfig(max_turns=4, max_obs_tokens=1024, max_response_tokens=4096, 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("sft")
-    world = generate_world(3, 30)
-    write_world(world, root / "world")
-    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    world, model_dir = world_and_model(root)
     build_bm25(root / "world" / "passages.parquet", root / "bm25")
     # One intra-op thread: the model is tiny, and a shared 2-core machine punishes a second one.
     threads = torch.get_num_threads()

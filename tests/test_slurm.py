@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from ragrl.serving import log_tail
-from test_workflow import REPO, TINY, _snakemake
+from helpers import REPO, TINY, run_snakemake
 
 SCRIPT = REPO / "scripts/slurm_local.sh"
 PROFILE = REPO / "profiles/slurm-local"
@@ -117,7 +117,7 @@ def _slurm_snakemake(workdir: Path, config: dict, *args: str, timeout: float = 9
     # --verbose: the plugin logs its status queries (and their failures) only at debug level.
     first_id = _max_job_id()
     try:
-        return _snakemake(workdir, config, "--profile", str(PROFILE), "--slurm-logdir", str(workdir / "logs/slurm"),
+        return run_snakemake(workdir, config, "--profile", str(PROFILE), "--slurm-logdir", str(workdir / "logs/slurm"),
                           "--verbose", *args, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")

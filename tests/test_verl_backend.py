@@ -51,7 +51,7 @@ from ragrl.toy.world import generate_world, world_text, write_world
 from ragrl.verl.data import check_prompts_match_engine, write_verl_parquet
 from ragrl.verl.launch import agent_loop_entries, cluster_from_env, convert_log, start_retriever
 from ragrl.verl.overrides import VerlPaths, build_overrides, hydra_value
-from test_rollout import SPEC, check_mask_against_info_spans
+from helpers import SPEC, check_mask_against_info_spans
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = os.environ.get("RAGRL_VERL_VENV")
@@ -234,7 +234,7 @@ def test_agent_loop_scripted_search_and_answer(launch, report):
     assert len(trajs) == 8 and {t["class"] for t in trajs} == {"RagrlAgentLoop"}
     for k, (t, score) in enumerate(zip(trajs, report["scripted"]["scores"])):
         _check_trajectory(t, launch.tok, launch.recipe.rollout.max_response_tokens)
-        # and the tag-span scan of tests/test_rollout.py agrees (this policy never writes <information>)
+        # and the rollout tests' tag-span scan (tests/helpers.py) agrees (this policy never writes <information>)
         check_mask_against_info_spans(SimpleNamespace(response_ids=t["response_ids"], loss_mask=t["response_mask"]),
                                       launch.tok)
         assert t["extra_fields"]["ragrl_searches"] == 1 and t["extra_fields"]["ragrl_stop_reason"] == "answer"

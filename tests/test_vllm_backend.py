@@ -39,16 +39,17 @@ from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 # The server is stopped as ragrl.serving stops the servers jobs start (by pid, then its session).
 from ragrl.serving import log_tail, poll_health
 from ragrl.serving import stop_server as _stop
-from ragrl.toy.tiny_model import build_tiny
-from ragrl.toy.world import generate_world, world_text, write_world
-from test_rollout import (
-    SPEC,
+from ragrl.toy.world import write_world
+
+from helpers import (
     FakeRetriever,
+    FirstTurnSearches,
     RecordingGenerator,
-    _ids,
     check_bounds,
     check_mask_against_info_spans,
     check_turns,
+    encode_text,
+    world_and_model,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,9 +139,7 @@ def _start(model_dir: Path, root: Path) -> tuple[subprocess.Popen, str, Path, fl
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
-    world = generate_world(3, 30)
-    write_world(world, root / "world")
-    model_dir = build_tiny(world_text(root / "world"), root / "model", SPEC)
+    world, model_dir = world_and_model(root)
     threads = torch.get_num_threads()
     proc, url, log, startup_s = _start(model_dir, root)
     try:
@@ -191,7 +190,7 @@ def _raw(server, prompts, max_tokens, *, temperature=1.0, seed=None, stop_token_
 
 def test_greedy_matches_hf_backend(server):
     tok = server.tok
-    prompts = _chat_prompts(server, 4) + [_ids(tok, t) for t in ("Where was Ada born?", "Velmar", "hi")]
+    prompts = _chat_prompts(server, 4) + [encode_text(tok, t) for t in ("Where was Ada born?", "Velmar", "hi")]
     # Distinct prompt lengths in one request; two budgets, so two requests (and HF left padding).
     budgets = [24, 24, 9, 24, 24, 9, 24]
     via_server = server.gen.generate(prompts, budgets, temperature=0)
@@ -249,10 +248,10 @@ def test_server_stops_at_first_closing_action_tag(server):
 def _check_rollout(server, rec: RecordingGenerator, engine: RolloutEngine, trajs, cfg: dict) -> int:
     """Each mask-1 run is exactly what the server returned for that context (cut at the first stop),
     each mask-0 run one whole observation; returns how many trajectories the independent
-    span check of test_rollout could also be applied to."""
+    span check of the rollout tests (check_mask_against_info_spans) could also be applied to."""
     tok = server.tok
     stops = set(engine.stop_token_ids)
-    head, tail = _ids(tok, OBS_PREFIX), _ids(tok, OBS_SUFFIX)
+    head, tail = encode_text(tok, OBS_PREFIX), encode_text(tok, OBS_SUFFIX)
     answer_open = tok.convert_tokens_to_ids("<answer>")
     info_tags = {tok.convert_tokens_to_ids("<information>"), tok.convert_tokens_to_ids("</information>")}
     spans_checked = 0
@@ -300,22 +299,6 @@ def test_rollout_over_vllm_masks_observations(server):
     rec = RecordingGenerator(server.gen)
     engine = _engine(server, rec, **cfg)
     _check_rollout(server, rec, engine, engine.run_questions(questions), cfg)
-
-
-class FirstTurnSearches:
-    """A random policy never writes a well-formed search: script the first turn (overshooting the
-    closing tag), so that the server then continues from contexts holding retrieved passages."""
-
-    def __init__(self, tok, inner):
-        self.tok, self.inner, self.turns = tok, inner, 0
-
-    def generate(self, batch, max_new_tokens, *args, **kwargs):
-        self.turns += 1
-        if self.turns > 1:
-            return self.inner.generate(batch, max_new_tokens, *args, **kwargs)
-        limits = [max_new_tokens] * len(batch) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        text = "<think>look it up</think><search>Velmar founded</search> spill"
-        return [_ids(self.tok, text)[:lim] for lim in limits]
 
 
 def test_rollout_over_vllm_after_a_real_search(server):

@@ -35,8 +35,7 @@ from ragrl.recipe import parse_recipe
 from ragrl.stages.agent_rl import group_rollouts, rollout_engine, rollout_generators
 from ragrl.train.rl import RLConfig, Sample, collate, score, train_rl
 from rl_toy import one_torch_thread
-from test_rollout import FakeRetriever, world_and_model
-from test_vllm_backend import FirstTurnSearches
+from helpers import FakeRetriever, FirstTurnSearches, world_and_model
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = Path(os.environ.get("RAGRL_VLLM_VENV", REPO / ".venv-vllm"))

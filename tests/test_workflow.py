@@ -3,112 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-
-_SMALL = {
-    "sft": {"limit": 12, "epochs": 1, "batch_size": 4},
-    "rl": {"steps": 2, "batch_prompts": 2, "group_size": 2, "checkpoint_every": 1},
-    "rollout": {"max_turns": 3, "max_turn_tokens": 64, "max_response_tokens": 2048, "max_obs_tokens": 800},
-}
-RUNS = ["base", "no_retrieval", "search_r1_sft", "search_r1_rl", "search_r1_oracle"]
-KG_RUNS = ["kg_r1_sft", "kg_r1_rl"]
-KG_DATASETS = ["world_kgqa_A_test", "world_kgqa_B_test"]
-
-
-def _tiny_config() -> dict:
-    """The default config, shrunk: a 30-person world, a smaller policy, one recipe, one index.
-
-    Built from config/config.yaml rather than layered over it, because a layered file cannot
-    remove entries (the second recipe, the format examples) and the test must stay within minutes.
-    """
-    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    cfg["world"] = {"seed": 3, "size": 30}
-    # A randomly initialised policy: the pretrained reader is the default world's (shipped by
-    # cache key), and pretraining one for this world would take half an hour (tests/test_learning.py
-    # runs the pretrained route).
-    cfg["pretrain"]["enabled"] = False
-    cfg["models"]["tiny"] = {"vocab_size": 600, "hidden_size": 128, "num_heads": 2, "num_kv_heads": 1,
-                             "num_layers": 2, "intermediate_size": 256, "seed": 0}
-    cfg["corpora"] = {"world": cfg["corpora"]["world"], "dpr_example": cfg["corpora"]["dpr_example"]}
-    cfg["datasets"] = {k: v for k, v in cfg["datasets"].items() if k.startswith("world_") or k == "musique_example"}
-    cfg["retrieval"]["indexes"] = {"flat": "Flat"}
-    recipes = cfg["recipes"]
-    # The KG agent keeps its own turn budget (two queries per hop): only training is shrunk.
-    kg_small = {k: v for k, v in _SMALL.items() if k != "rollout"}
-    cfg["recipes"] = {
-        "search_r1": {**recipes["search_r1"], **{k: {**recipes["search_r1"][k], **v} for k, v in _SMALL.items()}},
-        "kg_r1": {**recipes["kg_r1"], **{k: {**recipes["kg_r1"][k], **v} for k, v in kg_small.items()}},
-    }
-    # AutoGraph-R1's constructor, graphs and the KG-R1 row over the built KG join in
-    # test_workflow_runs_end_to_end (_end_to_end_config); the other tests run without them.
-    cfg["recipes"]["kg_r1"]["eval_datasets"] = KG_DATASETS
-    cfg["construct_kg"] = None
-    cfg["datasets"].pop("world_kgqa_A_test_built")
-    cfg["kgs"].pop("world_built")
-    cfg["evaluation"].update(max_questions=4, batch_size=4)
-    # No HARR: this world's random generator answers nothing, so HARR's filter would keep no
-    # question (tests/test_harr_workflow.py runs HARR on this world with the filter off).
-    cfg["harr"] = None
-    # Pretraining on the same tiny budget, for when pretrain.enabled is on (its 600 default steps
-    # would be minutes of every run here); config/test/*.yaml give the twins the same.
-    cfg["pretrain"]["settings"].update(steps=2, batch_size=2, warmup_steps=1, log_every=1, eval_every=0,
-                                       eval_questions=2, tokenizer_worlds=5, mix_worlds=1, world_people=20)
-    # Four questions need not cover every question type: the by-type table is tested on its own
-    # (tests/test_results_db.py) and in the default run.
-    # KnowRL's recipes and tables run in tests/test_knowrl_recipe.py.
-    cfg["results"]["tables"] = [t for t in cfg["results"]["tables"]
-                                if t["name"] != "toy_em_by_type" and not t["name"].startswith(("knowrl_", "autograph_"))]
-    for table in cfg["results"]["tables"]:
-        if table["name"].startswith("toy_"):
-            table["runs"] = RUNS
-    return cfg
-
-
-TINY = _tiny_config()
-
-
-def _jobs_run(output: str) -> set[tuple[str, str]]:
-    """(rule, wildcards) of every job Snakemake announced: "rule X:" then indented details."""
-    jobs = set()
-    lines = output.splitlines()
-    for i, line in enumerate(lines):
-        m = re.match(r"^(?:local)?rule (\w+):$", line.strip())
-        if not m:
-            continue
-        wildcards = ""
-        for detail in lines[i + 1:]:
-            if not detail.startswith("    "):
-                break
-            if detail.strip().startswith("wildcards:"):
-                wildcards = detail.strip()[len("wildcards:"):].strip()
-        jobs.add((m.group(1), wildcards))
-    return jobs
-
-
-def _snakemake(workdir: Path, config: dict, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    cfg = workdir / "config.yaml"
-    cfg.write_text(yaml.safe_dump(config))
-    # Config paths are relative to the working directory, as for a user's own corpora; the
-    # default config's format examples live in the repository's resources/.
-    if not (workdir / "resources").exists():
-        (workdir / "resources").symlink_to(REPO / "resources")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    return subprocess.run(
-        [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", str(cfg),
-         "--cores", "2", *args],
-        capture_output=True, text=True, env=env, timeout=timeout,
-    )
-
+from helpers import KG_DATASETS, KG_RUNS, REPO, RUNS, TINY, jobs_run, run_snakemake
 
 def _end_to_end_config() -> dict:
     """TINY plus AutoGraph-R1 (the default config's recipe, shrunk): its constructor, the KGs it
@@ -137,7 +37,7 @@ GRAPH_READERS = [f"graph_{g}_reader" for g in GRAPHS]
 @pytest.mark.integration
 def test_workflow_runs_end_to_end(tmp_path):
     config = _end_to_end_config()
-    proc = _snakemake(tmp_path, config, "--verbose")
+    proc = run_snakemake(tmp_path, config, "--verbose")
     assert proc.returncode == 0, proc.stderr[-3000:]
     world = tmp_path / "results/world"
     assert (world / "passages.parquet").is_file() and (world / "qa/test.parquet").is_file()
@@ -191,15 +91,15 @@ def test_workflow_runs_end_to_end(tmp_path):
     con.close()
 
     # Nothing left to do: a second run is a no-op.
-    again = _snakemake(tmp_path, config, "-n")
+    again = run_snakemake(tmp_path, config, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
 
     # Changing one run's setting re-executes exactly that run's downstream jobs.
     changed = json.loads(json.dumps(config))
     changed["recipes"]["search_r1"]["rl"]["lr"] = 3e-4
-    rerun = _snakemake(tmp_path, changed)
+    rerun = run_snakemake(tmp_path, changed)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    ran = _jobs_run(rerun.stdout + rerun.stderr)
+    ran = jobs_run(rerun.stdout + rerun.stderr)
     assert ran == {
         ("rl", "recipe=search_r1"), ("merge_rl", "recipe=search_r1"),
         ("eval", "run=search_r1_rl"), ("run_manifest", "run=search_r1_rl"),
@@ -217,7 +117,7 @@ def _assert_autograph_outputs(tmp_path: Path, log: str, con) -> None:
     KG-R1 over the KG built from text, and the autograph_* tables."""
     import pyarrow.parquet as pq
 
-    jobs = _jobs_run(log)
+    jobs = jobs_run(log)
     assert {w for r, w in jobs if r == "construct_kg"} == {"constructor=base", "constructor=sft", "constructor=rl"}
     assert {w for r, w in jobs if r == "graph_rank"} == {f"graph={g}, dataset=world_test" for g in GRAPHS}
     # The RL constructor's KG is what the KG-R1 agent queries on the built dataset.
@@ -277,7 +177,7 @@ def _assert_autograph_outputs(tmp_path: Path, log: str, con) -> None:
     ],
 )
 def test_bad_config_stops_before_any_job(tmp_path, config, needle):
-    proc = _snakemake(tmp_path, config, "-n")
+    proc = run_snakemake(tmp_path, config, "-n")
     assert proc.returncode != 0
     assert needle in proc.stderr + proc.stdout
     assert not (tmp_path / "results").exists()
@@ -288,7 +188,7 @@ def test_failed_job_leaves_no_partial_output(tmp_path):
     bad = json.loads(json.dumps(TINY))
     bad["models"]["tiny"]["num_heads"] = 4  # head_dim 32: the build job fails
     bad["corpora"] = {"world": TINY["corpora"]["world"]}
-    proc = _snakemake(tmp_path, bad)
+    proc = run_snakemake(tmp_path, bad)
     assert proc.returncode != 0
     assert (tmp_path / "results/world/passages.parquet").is_file()  # the upstream job finished
     model_dir = tmp_path / "results/models"
