@@ -32,14 +32,18 @@ def validate(config: dict, schema_path: str | Path) -> list[str]:
     errors = config_errors(config, schema_path)
     if errors:
         return errors
+    # One Workflow for every phase: its run table is computed once, on first use (after the recipe
+    # checks have passed, as the phases run in order).
+    wf = Workflow(config)
     for phase in PHASES:
-        errors = phase(config)
+        errors = phase(wf)
         if errors:
             return errors
     return []
 
 
-def model_errors(config: dict) -> list[str]:
+def model_errors(wf: Workflow) -> list[str]:
+    config = wf.config
     for key in ("policy", "embedding"):
         try:
             check_model_name(config["models"][key], key=f"models.{key}")
@@ -49,10 +53,10 @@ def model_errors(config: dict) -> list[str]:
     return []
 
 
-def recipe_errors(config: dict) -> list[str]:
+def recipe_errors(wf: Workflow) -> list[str]:
     """Every key of every recipe section against the dataclass or method it feeds, and sft.from."""
     errors = []
-    recipes = config["recipes"]
+    recipes = wf.config["recipes"]
     for name, settings in recipes.items():
         try:
             parse_recipe(settings, name)
@@ -68,10 +72,10 @@ def recipe_errors(config: dict) -> list[str]:
     return errors
 
 
-def reference_errors(config: dict) -> list[str]:
+def reference_errors(wf: Workflow) -> list[str]:
     """Names that point at other config entries: a dangling one must fail here, not as a "missing
     input" deep in the DAG."""
-    wf = Workflow(config)
+    config = wf.config
     errors = []
     retrieval, datasets = config["retrieval"], config["datasets"]
     # The passage corpus matters only where something retrieves passages (KG agents do not).
@@ -164,10 +168,10 @@ def construct_kg_errors(wf: Workflow) -> list[str]:
     return errors
 
 
-def sft_route_errors(config: dict) -> list[str]:
+def sft_route_errors(wf: Workflow) -> list[str]:
     """A route that cannot make SFT data from its dataset (gold plans on real questions), saying
     what to set instead."""
-    wf = Workflow(config)
+    config = wf.config
     errors = []
     for name, settings in config["recipes"].items():
         parsed = parse_recipe(settings, name)
@@ -183,18 +187,17 @@ def sft_route_errors(config: dict) -> list[str]:
     return errors
 
 
-def index_factory_errors(config: dict) -> list[str]:
+def index_factory_errors(wf: Workflow) -> list[str]:
     """FAISS parses a factory string without data: a typo fails `snakemake -n`, not the index job
     hours later with a bare swig RuntimeError."""
     return [f"config key 'retrieval.indexes.{name}': {reason}"
-            for name, factory in config["retrieval"]["indexes"].items()
+            for name, factory in wf.config["retrieval"]["indexes"].items()
             if (reason := factory_error(factory)) is not None]
 
 
-def harr_errors(config: dict) -> list[str]:
+def harr_errors(wf: Workflow) -> list[str]:
     """config `harr`: its settings, the generator run (one that searches), its index and datasets."""
-    wf = Workflow(config)
-    harr = wf.harr
+    config, harr = wf.config, wf.harr
     if not harr.settings():
         return []
     try:
@@ -218,5 +221,5 @@ def harr_errors(config: dict) -> list[str]:
     return errors
 
 
-PHASES: tuple[Callable[[dict], list[str]], ...] = (
+PHASES: tuple[Callable[[Workflow], list[str]], ...] = (
     model_errors, recipe_errors, reference_errors, sft_route_errors, index_factory_errors, harr_errors)
