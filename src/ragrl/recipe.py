@@ -3,7 +3,7 @@
 Rules pass a recipe to the CLI as one JSON object (`--recipe '{...}'`): Snakemake re-runs a job
 when its params change, so editing one recipe re-executes only that recipe's jobs, and the log
 holds the whole command. Every key of every section is checked here, against the dataclass or the
-method it feeds, with the config key named; `rules/common.smk` runs the same check on every recipe
+method it feeds, with the config key named; `ragrl.workflow.validate` runs the same check on every recipe
 before any job starts, so a typo fails `snakemake -n`, not a job hours into a run.
 
 Standard library only (the workflow imports this to plan the DAG).

@@ -2,7 +2,7 @@
 
 A recipe's `rollout`, `sft` and `rl` sections and HARR's `environment`, `encoder` and `train` map
 onto these dataclasses key for key. They live here, not next to the code that uses them, so that
-the workflow (`rules/common.smk`) can check a whole recipe before any job starts without importing
+the workflow (`ragrl.workflow`) can check a whole recipe before any job starts without importing
 torch.
 
 Each setting is declared once, with `setting()`: its default, help text, bounds and choices. The

@@ -12,7 +12,7 @@ that defines a module-level `METHOD` is loaded from the recipe's `plugin:` (a do
 or a path to a .py file), so a new method needs no edit of this package, the CLI or the rules.
 
 This module and the method modules import only the standard library at import time: the
-workflow (`rules/common.smk`) reads the declarations to plan the DAG without importing torch.
+workflow (`ragrl.workflow`) reads the declarations to plan the DAG without importing torch.
 Hooks import what they need when called.
 """
 
@@ -96,7 +96,7 @@ class GoldSFT(Protocol):
 
 class GoldSFTReason(Protocol):
     """Why gold SFT data cannot be made from `dataset` (a config `datasets` entry: format, path,
-    ...), or None when it can: `snakemake -n` fails with the reason (rules/common.smk)."""
+    ...), or None when it can: `snakemake -n` fails with the reason (ragrl.workflow.checks)."""
 
     def __call__(self, dataset: Mapping[str, Any], /) -> str | None: ...
 
@@ -123,7 +123,7 @@ class RolloutHook(Protocol):
 
 class Files(Protocol):
     """{name: path} of files the hooks read besides the environment's inputs (a KB): inputs of the
-    recipe's jobs (rules/common.smk)."""
+    recipe's jobs (ragrl.workflow)."""
 
     def __call__(self, recipe: Any, /) -> Mapping[str, str]: ...
 

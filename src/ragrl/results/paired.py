@@ -2,7 +2,7 @@
 differences in a metric, and its 95% paired bootstrap interval.
 
 What a run is and where it started from (its *lineage*) comes from the workflow, which knows it
-from the recipes (rules/common.smk, `run_lineage`); the results database keeps it in the `runs`
+from the recipes (`ragrl.workflow.lineage`); the results database keeps it in the `runs`
 columns family, step, start_run, variant_of, ablation_of:
 
 * family       the recipe whose pipeline the run belongs to (an ablation sharing another recipe's

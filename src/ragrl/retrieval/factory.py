@@ -1,6 +1,6 @@
 """FAISS index_factory strings checked without data, so a typo fails at config time.
 
-`rules/common.smk` imports this while Snakemake builds the DAG: it needs faiss (~0.15 s to import,
+`ragrl.workflow` imports this while Snakemake builds the DAG: it needs faiss (~0.15 s to import,
 no torch) and nothing else from the package. A factory is parsed by building the empty index,
 which allocates nothing that grows with a corpus.
 """
