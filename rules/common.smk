@@ -18,7 +18,6 @@ os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (_SRC, os.environ.get("P
 
 from ragrl.config import config_errors  # noqa: E402
 from ragrl.paths import DENSE_INDEX_FILES, hf_model_files, safe_name  # noqa: E402
-from ragrl.recipe import HARR_RUNS  # noqa: E402
 from ragrl.workflow import RESULTS, Workflow, lineage, normalise, recipe_json, run_families  # noqa: E402
 from ragrl.workflow import rule_resources as _rule_resources, rule_threads as _rule_threads  # noqa: E402
 from ragrl.workflow import validate as workflow_errors  # noqa: E402
@@ -123,32 +122,3 @@ def run_env_args(wildcards, input):
 def run_model_arg(wildcards, input):
     return WF.model_param(WF.runs[wildcards.run].model, input.model)
 
-
-# ---------------------------------------------------------------- construct_kg (rules/construct_kg.smk)
-
-
-def constructor_inputs(wildcards):
-    return WF.graphs.constructor_inputs(wildcards.constructor)
-
-
-def constructor_model(wildcards, input):
-    return WF.graphs.constructor_model(wildcards.constructor, input.model)
-
-
-# ---------------------------------------------------------------- HARR (rules/harr.smk)
-
-
-def harr_endpoint_args(wildcards):
-    return WF.harr.endpoint_args()
-
-
-def harr_generator_arg(wildcards, input):
-    return WF.harr.generator_arg(input.generator)
-
-
-def harr_encoder_inputs(wildcards):
-    return WF.harr.encoder_inputs(wildcards.run)
-
-
-def harr_encoder_args(wildcards, input):
-    return WF.harr.encoder_args(input)

@@ -1,23 +1,26 @@
 # AutoGraph-R1's inference stage: a corpus-level KG built by a constructor model from every passage,
 # in the KG store's format (serve-kg serves it). Jobs exist for the constructors config
 # `construct_kg` names: on the default, the autograph_r1 recipe's untrained, SFT and RL policies.
+# A pipeline method (ragrl.workflow.pipelines): included only when config names `construct_kg`.
+
+GRAPHS = WF.pipeline("construct_kg")
 
 
 rule construct_kg:
     input:
-        unpack(constructor_inputs),
+        unpack(lambda wc: GRAPHS.constructor_inputs(wc.constructor)),
     output:
         triples=f"{RESULTS}/kg_built/{{constructor}}/triples.parquet",
         stats=f"{RESULTS}/kg_built/{{constructor}}/construction.json",
     params:
-        model=constructor_model,
+        model=lambda wc, input: GRAPHS.constructor_model(wc.constructor, input.model),
         out=lambda wc, output: os.path.dirname(output.triples),
         # Finished batches live outside the outputs: Snakemake deletes a failed job's outputs, the
         # work directory survives a kill and the re-run resumes from it.
         work=lambda wc: f"{RESULTS}/kg_built/{wc.constructor}.work",
-        batch=lambda wc: WF.graphs.settings().get("batch_size", 16),
-        tokens=lambda wc: WF.graphs.settings().get("max_turn_tokens", 256),
-        limit=lambda wc: WF.graphs.settings().get("limit") or 0,  # 0: every passage
+        batch=lambda wc: GRAPHS.settings().get("batch_size", 16),
+        tokens=lambda wc: GRAPHS.settings().get("max_turn_tokens", 256),
+        limit=lambda wc: GRAPHS.settings().get("limit") or 0,  # 0: every passage
     log:
         "logs/construct_kg/{constructor}.log",
     benchmark:
@@ -39,8 +42,8 @@ rule construct_kg:
 # (runs graph_<graph>_reader, rule eval, stage "graph").
 rule graph_rank:
     input:
-        triples=lambda wc: WF.graphs.triples(wc.graph),
-        passages=lambda wc: WF.passages_path(WF.graphs.settings()["corpus"]),
+        triples=lambda wc: GRAPHS.triples(wc.graph),
+        passages=lambda wc: WF.passages_path(GRAPHS.settings()["corpus"]),
         qa=lambda wc: WF.qa_path(wc.dataset),
     output:
         metrics=f"{RESULTS}/graph_rag/graph_{{graph}}/{{dataset}}/metrics.json",
@@ -71,7 +74,7 @@ rule graph_manifest:
     output:
         f"{RESULTS}/graph_rag/runs/graph_{{graph}}/run.json",
     params:
-        settings=lambda wc: recipe_json({"graph": WF.graphs.definition(wc.graph), "world": config["world"]}),
+        settings=lambda wc: recipe_json({"graph": GRAPHS.definition(wc.graph), "world": config["world"]}),
         seeds=lambda wc: recipe_json({"world": config["world"]["seed"]}),
         model=config["models"]["embedding"],
     log:

@@ -4,22 +4,27 @@
 # query-only ablation) -> evaluate the frozen generator with the frozen / HARR / no-history encoder
 # (deterministic top-k) -> the encoders' recall@k on multi-hop questions -> tables harr_*. Jobs
 # exist when config names `harr` (the default does; `harr: null` drops them). A generator with
-# `serve` runs in a vLLM server that each job starts and stops (log.server).
+# `serve` runs in a vLLM server that each job starts and stops (log.server). A pipeline method
+# (ragrl.workflow.pipelines): the Snakefile includes this file only when config names `harr`.
+
+from ragrl.recipe import HARR_RUNS
+
+HARR = WF.pipeline("harr")
 
 
 rule harr_filter:
     input:
-        unpack(lambda wc: WF.harr.world_inputs()),
-        qa=lambda wc: WF.qa_path(WF.harr.settings()["train_dataset"]),
+        unpack(lambda wc: HARR.world_inputs()),
+        qa=lambda wc: WF.qa_path(HARR.settings()["train_dataset"]),
     output:
         kept=f"{RESULTS}/harr/filter/kept.parquet",
         stats=f"{RESULTS}/harr/filter/kept.stats.json",
     params:
-        recipe=lambda wc: WF.harr.generator_json(),
-        name=lambda wc: WF.harr.generator().recipe,
-        harr=lambda wc: WF.harr.json(),
-        generator=harr_generator_arg,
-        endpoint=harr_endpoint_args,
+        recipe=lambda wc: HARR.generator_json(),
+        name=lambda wc: HARR.generator().recipe,
+        harr=lambda wc: HARR.json(),
+        generator=lambda wc, input: HARR.generator_arg(input.generator),
+        endpoint=lambda wc: HARR.endpoint_args(),
         index=lambda wc, input: os.path.dirname(input.index),
     log:
         main="logs/harr/filter.log",
@@ -40,7 +45,7 @@ rule harr_filter:
 
 rule harr_train:
     input:
-        unpack(lambda wc: WF.harr.world_inputs()),
+        unpack(lambda wc: HARR.world_inputs()),
         qa=f"{RESULTS}/harr/filter/kept.parquet",
     output:
         # Only the finished artefacts are outputs: checkpoints and the running log under work/
@@ -49,13 +54,13 @@ rule harr_train:
         final=f"{RESULTS}/harr/train/{{run}}/work/final/state.json",
         log=f"{RESULTS}/harr/train/{{run}}/train_log.jsonl",
     params:
-        recipe=lambda wc: WF.harr.generator_json(),
-        name=lambda wc: WF.harr.generator().recipe,
-        harr=lambda wc: WF.harr.json(),
-        generator=harr_generator_arg,
-        endpoint=harr_endpoint_args,
+        recipe=lambda wc: HARR.generator_json(),
+        name=lambda wc: HARR.generator().recipe,
+        harr=lambda wc: HARR.json(),
+        generator=lambda wc, input: HARR.generator_arg(input.generator),
+        endpoint=lambda wc: HARR.endpoint_args(),
         index=lambda wc, input: os.path.dirname(input.index),
-        history=lambda wc: WF.harr.history_flag(wc.run),
+        history=lambda wc: HARR.history_flag(wc.run),
         out=lambda wc, output: os.path.dirname(os.path.dirname(output.final)),
     log:
         main="logs/harr/train/{run}.log",
@@ -78,21 +83,21 @@ rule harr_train:
 
 rule harr_eval:
     input:
-        unpack(lambda wc: WF.harr.world_inputs()),
-        unpack(harr_encoder_inputs),
+        unpack(lambda wc: HARR.world_inputs()),
+        unpack(lambda wc: HARR.encoder_inputs(wc.run)),
         qa=lambda wc: WF.qa_path(wc.dataset),
     output:
         predictions=f"{RESULTS}/harr/eval/{{run}}/{{dataset}}/predictions.parquet",
         metrics=f"{RESULTS}/harr/eval/{{run}}/{{dataset}}/metrics.json",
     params:
-        recipe=lambda wc: WF.harr.generator_json(),
-        name=lambda wc: WF.harr.generator().recipe,
-        harr=lambda wc: WF.harr.json(),
-        generator=harr_generator_arg,
-        endpoint=harr_endpoint_args,
+        recipe=lambda wc: HARR.generator_json(),
+        name=lambda wc: HARR.generator().recipe,
+        harr=lambda wc: HARR.json(),
+        generator=lambda wc, input: HARR.generator_arg(input.generator),
+        endpoint=lambda wc: HARR.endpoint_args(),
         index=lambda wc, input: os.path.dirname(input.index),
-        encoder=harr_encoder_args,
-        history=lambda wc: WF.harr.history_flag(wc.run),
+        encoder=lambda wc, input: HARR.encoder_args(input),
+        history=lambda wc: HARR.history_flag(wc.run),
         max_questions=config["evaluation"]["max_questions"] or 0,
         batch_size=config["evaluation"]["batch_size"],
         out=lambda wc, output: os.path.dirname(output.metrics),
@@ -119,17 +124,17 @@ rule harr_eval:
 
 rule harr_recall:
     input:
-        unpack(harr_encoder_inputs),
-        index=lambda wc: WF.harr.world_inputs()["index"],
-        passages=lambda wc: WF.harr.world_inputs()["passages"],
+        unpack(lambda wc: HARR.encoder_inputs(wc.run)),
+        index=lambda wc: HARR.world_inputs()["index"],
+        passages=lambda wc: HARR.world_inputs()["passages"],
         qa=lambda wc: WF.qa_path(wc.dataset),
     output:
         f"{RESULTS}/harr/recall/{{run}}/{{dataset}}/metrics.json",
     params:
-        harr=lambda wc: WF.harr.json(),
+        harr=lambda wc: HARR.json(),
         index=lambda wc, input: os.path.dirname(input.index),
-        encoder=harr_encoder_args,
-        history=lambda wc: WF.harr.history_flag(wc.run),
+        encoder=lambda wc, input: HARR.encoder_args(input),
+        history=lambda wc: HARR.history_flag(wc.run),
     log:
         "logs/harr/recall/{run}/{dataset}.log",
     benchmark:
@@ -152,10 +157,10 @@ rule harr_manifest:
         f"{RESULTS}/harr/runs/{{run}}/run.json",
     params:
         model=config["models"]["embedding"],
-        settings=lambda wc: recipe_json({"harr": WF.harr.parsed.to_config(), "run": wc.run,
-                                         "generator": WF.harr.generator_definition(),
+        settings=lambda wc: recipe_json({"harr": HARR.parsed.to_config(), "run": wc.run,
+                                         "generator": HARR.generator_definition(),
                                          "world": config["world"]}),
-        seeds=lambda wc: recipe_json({"world": config["world"]["seed"], "train": WF.harr.parsed.train.seed}),
+        seeds=lambda wc: recipe_json({"world": config["world"]["seed"], "train": HARR.parsed.train.seed}),
     log:
         "logs/harr/manifest/{run}.log",
     benchmark:

@@ -4,18 +4,17 @@
 
 rule results_db:
     input:
-        runs=WF.run_manifests() + WF.harr.manifests() + WF.graphs.manifests(),
-        # Each run's evaluation directory (files listed in params), HARR's evaluation files.
+        runs=WF.run_manifests() + WF.from_pipelines("manifests"),
+        # Each run's evaluation directory (files listed in params), the pipeline methods' files.
         eval_dirs=WF.eval_outputs(),
-        harr=WF.harr.eval_outputs() + WF.harr.recall_outputs() + WF.harr.predictions(),
-        graphs=WF.graphs.rank_outputs(),
+        pipelines=WF.pipeline_results(),
         # Named by run id (<recipe>_rl): the database files a training log under its run.
-        train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]] + WF.harr.train_logs(),
+        train_logs=[f"{RESULTS}/train/{r}_rl/train_log.jsonl" for r in config["recipes"]] + WF.from_pipelines("train_logs"),
     output:
         f"{RESULTS}/ragrl.duckdb",
     params:
-        evals=WF.eval_files("metrics.json") + WF.harr.eval_outputs() + WF.harr.recall_outputs() + WF.graphs.rank_outputs(),
-        predictions=WF.eval_files("predictions.parquet") + WF.harr.predictions(),
+        evals=WF.eval_files("metrics.json") + WF.from_pipelines("evals"),
+        predictions=WF.eval_files("predictions.parquet") + WF.from_pipelines("predictions"),
         rule_gpus=lambda wc: recipe_json(WF.rule_gpus()),
         tables=recipe_json(WF.tables()),
         main_metric=config["results"]["main_metric"],

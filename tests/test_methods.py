@@ -12,6 +12,7 @@ import yaml
 
 from ragrl.methods import Method, builtin_names, get_method, load_plugin
 from ragrl.recipe import parse_recipe, stage_keys
+from ragrl.workflow.pipelines import builtin_pipelines
 from helpers import REPO, TINY, run_snakemake
 
 PLUGIN = REPO / "tests/plugins/direct_answer.py"
@@ -32,14 +33,22 @@ def _name_branches(lines) -> list[tuple[int, str]]:
         r"""env["']?\]?\s*(==|!=|\bin\b)""",  # settings["env"] == ..., recipe.env in ...
         r"multi_query_search",  # the one method name no other concept shares
     ]
+    return _code_matching(lines, patterns)
+
+
+def _code_matching(lines, patterns) -> list[tuple[int, str]]:
+    """(line number, line) of every line of `lines` whose code (comments aside) matches a pattern."""
     return [(i, line) for i, line in enumerate(lines, 1)
             if any(re.search(p, line.split("#", 1)[0]) for p in patterns)]
 
 
+def _offences(paths, check) -> list[str]:
+    return [f"{path.relative_to(REPO)}:{i}: {line.strip()}"
+            for path in paths for i, line in check(path.read_text().splitlines())]
+
+
 def test_generic_layers_never_name_a_method():
-    offences = [f"{path.relative_to(REPO)}:{i}: {line.strip()}"
-                for path in GENERIC for i, line in _name_branches(path.read_text().splitlines())]
-    assert offences == []
+    assert _offences(GENERIC, _name_branches) == []
 
 
 def test_the_name_check_catches_a_branch():
@@ -47,6 +56,33 @@ def test_the_name_check_catches_a_branch():
     old = ['if recipe.env == "kg":', 'if settings["env"] != "kg" and x:', 'return env in ("search", "none")',
            'make_environment("multi_query_search", r)', 'x = 1  # env == "kg" in a comment is fine']
     assert [i for i, _ in _name_branches(old)] == [1, 2, 3, 4]
+
+
+# The generic workflow layers: they ask the enabled pipeline methods' plans (ragrl.workflow.pipelines)
+# and must never name one or what only one of them has; each pipeline's own rule file may.
+PIPELINE_RULES = {Path(p.rules).name for p in builtin_pipelines()}
+WORKFLOW_GENERIC = [REPO / "Snakefile", *(p for p in sorted((REPO / "rules").glob("*.smk")) if p.name not in PIPELINE_RULES),
+                    *(REPO / "src/ragrl/workflow" / f for f in ("__init__.py", "core.py", "table.py", "checks.py",
+                                                                 "lineage.py", "resources.py"))]
+
+
+def _pipeline_names(lines) -> list[tuple[int, str]]:
+    """(line number, line) of every line of code in `lines` naming a built-in pipeline or its parts."""
+    names = "|".join(re.escape(p.name) for p in builtin_pipelines())
+    return _code_matching(lines, [rf"\b({names})(\b|_)", r"\bHARR_", r"\b(HarrPlan|GraphPlan)\b", r"\bgraphs\b",
+                                  r"graph_rank", r"kg_built", r"""\bstage\b.*["']graph["']"""])
+
+
+def test_generic_layers_never_name_a_pipeline():
+    assert _offences(WORKFLOW_GENERIC, _pipeline_names) == []
+
+
+def test_the_pipeline_name_check_catches_them():
+    # The generic layers' lines before pipelines were plug-ins are caught.
+    old = ["self.harr = HarrPlan(self)", "runs=WF.run_manifests() + WF.harr.manifests() + WF.graphs.manifests(),",
+           'if run.stage in ("oracle", "graph"):', "errors += construct_kg_errors(wf)", "from ragrl.recipe import HARR_RUNS",
+           'if path.startswith(f"{RESULTS}/kg_built/"):', "x = 1  # harr in a comment is fine"]
+    assert [i for i, _ in _pipeline_names(old)] == [1, 2, 3, 4, 5, 6]
 
 
 def test_builtin_methods_and_their_declarations():
@@ -189,3 +225,26 @@ def test_every_stage_part_of_a_default_recipe_parses():
         if get_method(settings["env"]).baselines:  # as runs() builds the no_retrieval run
             closed = {k: v for k, v in eval_part.items() if k not in ("options", "plugin")}
             parse_recipe({**closed, "env": "none"}, name)
+
+
+QA_COUNT = REPO / "tests/plugins/qa_count.py"
+
+
+@pytest.mark.integration
+def test_a_pipeline_from_outside_src_runs_through_the_workflow(tmp_path):
+    """A pipeline method that no file under src/ or rules/ names: config enables it, the default
+    target plans its rule, its check fails the dry run, its job runs."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["pipelines"] = {"qa_count": {"plugin": str(QA_COUNT), "dataset": "nope"}}
+    proc = run_snakemake(tmp_path, cfg, "-n")
+    assert proc.returncode != 0 and "config key 'pipelines.qa_count.dataset': 'nope'" in proc.stdout + proc.stderr
+    cfg["pipelines"]["qa_count"]["dataset"] = "world_test"
+    proc = run_snakemake(tmp_path, cfg, "-n", "--quiet", "rules")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^qa_count\s+1$", proc.stdout, re.M), proc.stdout
+    proc = run_snakemake(tmp_path, cfg, "results/qa_count/world_test.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import pyarrow.parquet as pq
+
+    questions = pq.read_table(tmp_path / "results/world/qa/test.parquet").num_rows
+    assert json.loads((tmp_path / "results/qa_count/world_test.json").read_text()) == {"questions": questions} != {"questions": 0}

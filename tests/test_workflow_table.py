@@ -9,6 +9,7 @@ the library function that fills them; no workflow is planned).
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,7 @@ def test_the_harr_tables_join_the_configured_ones_without_changing_config(defaul
     assert {"harr_em", "harr_f1", "harr_recall", "harr_all"} <= set(names)
     assert len(names) == len(set(names))
     assert "harr_em" not in {t["name"] for t in default.config["results"]["tables"]}
-    assert Workflow(merged({"harr": None})).harr.tables() == []
+    assert "harr" not in Workflow(merged({"harr": None})).pipelines
 
 
 # ---------------------------------------------------------------- the run table
@@ -159,14 +160,14 @@ def test_a_run_definition_holds_the_stages_behind_its_model(default):
 def test_a_paper_config_plans_its_own_runs_only():
     wf = Workflow(merged(paper("search_r1")))
     assert set(wf.runs) == {"base", "no_retrieval", "search_r1_rl"}  # the paper trains no SFT, has no oracle row
-    assert wf.graphs.names() == [] and wf.harr.runs() == {}
+    assert wf.pipelines == {}  # neither HARR nor construct_kg
     assert wf.run_datasets("search_r1_rl") == wf.config["evaluation"]["datasets"]
     assert wf.policy_dir() == wf.config["models"]["policy"] and wf.policy_inputs() == []
 
 
 def test_an_unknown_constructor_is_an_input_error(default):
     with pytest.raises(InputError, match="construct_kg.constructors has no 'nope'"):
-        default.graphs.constructor("nope")
+        default.pipeline("construct_kg").constructor("nope")
 
 
 # ---------------------------------------------------------------- lineage
@@ -195,7 +196,7 @@ def test_lineage_edges_of_the_default_config(default):
 
 
 def test_the_harr_runs_of_the_default_config(default):
-    harr = default.harr
+    harr = default.pipeline("harr")
     assert list(harr.runs()) == ["harr_frozen", "harr_frozen_history", "harr", "harr_no_history"]
     assert harr.trained_runs() == ["harr", "harr_no_history"]
     assert default.trained_runs()[-2:] == ["harr", "harr_no_history"]
@@ -214,9 +215,51 @@ def test_the_harr_runs_of_the_default_config(default):
 
 def test_the_harr_paper_config_serves_an_outside_generator():
     wf = Workflow(merged(paper("harr")))
-    generator = wf.harr.generator()
+    generator = wf.pipeline("harr").generator()
     assert generator.stage == "outside" and generator.recipe == "harr.generator"
-    assert wf.harr.world_inputs()["generator"] == []
-    assert wf.harr.generator_arg([]) == generator.model
-    assert wf.harr.endpoint_args()[0] == "--generator-endpoint"
-    assert wf.runs == {} and len(wf.harr.manifests()) == 4
+    assert wf.pipeline("harr").world_inputs()["generator"] == []
+    assert wf.pipeline("harr").generator_arg([]) == generator.model
+    assert wf.pipeline("harr").endpoint_args()[0] == "--generator-endpoint"
+    assert wf.runs == {} and len(wf.pipeline("harr").manifests()) == 4
+
+
+# ---------------------------------------------------------------- pipeline methods
+
+QA_COUNT = REPO / "tests/plugins/qa_count.py"
+
+
+def test_the_builtin_pipelines_are_enabled_by_their_config_key(default):
+    assert list(default.pipelines) == ["harr", "construct_kg"]
+    assert default.rule_files == ["rules/harr.smk", "rules/construct_kg.smk"]
+    assert all((REPO / f).is_file() for f in default.rule_files)
+    wf = Workflow(merged({"harr": None, "construct_kg": None}))
+    assert wf.pipelines == {} and wf.rule_files == []
+    # What the generic layers read of them comes from their plans.
+    assert set(default.pipeline("harr").trained_runs()) <= set(default.trained_runs())
+    assert default.pipeline("construct_kg").outputs()[-1] == "results/kg_built/rl/triples.parquet"
+    assert set(default.pipeline("construct_kg").outputs()) <= set(default.all_outputs())
+
+
+def test_a_pipeline_plugin_joins_the_workflow_from_config():
+    wf = Workflow(merged({"pipelines": {"qa_count": {"plugin": str(QA_COUNT), "dataset": "world_test"}}}))
+    assert list(wf.pipelines)[-1] == "qa_count"
+    assert wf.rule_files[-1] == str(QA_COUNT.with_suffix(".smk"))
+    assert "results/qa_count/world_test.json" in wf.all_outputs()
+    assert "qa_count" not in Workflow(merged({"pipelines": {"qa_count": None}})).pipelines
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ({"plugin": str(QA_COUNT), "dataset": "nope"}, "config key 'pipelines.qa_count.dataset': 'nope' is not a key"),
+    ({"plugin": "tests/plugins/missing.py"}, "config key 'pipelines.qa_count.plugin': plugin 'tests/plugins/missing.py': no such file"),
+    ({"plugin": str(REPO / "tests/plugins/direct_answer.py")}, "config key 'pipelines.qa_count.plugin'.* defines no PIPELINE"),
+])
+def test_a_pipeline_plugin_is_checked_before_the_dag(spec, needle):
+    errors = validate(merged({"pipelines": {"qa_count": spec}}), SCHEMA)
+    assert len(errors) == 1 and re.search(needle, errors[0]), errors
+
+
+def test_a_pipeline_plugin_must_be_the_one_config_names():
+    errors = validate(merged({"pipelines": {"other": {"plugin": str(QA_COUNT)}}}), SCHEMA)
+    assert errors == [f"config key 'pipelines.other.plugin': '{QA_COUNT}' defines pipeline 'qa_count', not 'other'"]
+    errors = validate(merged({"pipelines": {"harr": {"plugin": str(QA_COUNT)}}}), SCHEMA)
+    assert errors == ["config key 'pipelines.harr': 'harr' is a built-in pipeline (top-level `harr:`)"]

@@ -15,7 +15,7 @@ import yaml
 # Where an entry set to null removes the default's entry: () is the top level (`harr: null`).
 NULLABLE_COLLECTIONS = ((), ("corpora",), ("datasets",), ("recipes",), ("kgs",), ("kbs",), ("retrieval", "indexes"),
                         ("resources", "rules"), ("construct_kg",), ("construct_kg", "constructors"),
-                        ("construct_kg", "gold"))
+                        ("construct_kg", "gold"), ("pipelines",))
 
 
 def drop_null_entries(config: dict) -> dict:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ragrl.config import config_errors, drop_null_entries
+from ragrl.errors import InputError
 from ragrl.models import ModelNameError, check_model_name
 from ragrl.recipe import parse_recipe
 from ragrl.retrieval.factory import factory_error
@@ -25,7 +26,7 @@ def normalise(config: dict) -> dict:
 
 def validate(config: dict, schema_path: str | Path) -> list[str]:
     """Every error of the first failing phase (schema, models, recipes, references, SFT routes, index
-    factories, HARR), one line each, as `config key 'a.b': message`; [] for a valid config.
+    factories, pipeline methods), one line each, as `config key 'a.b': message`; [] for a valid config.
 
     The checks after the schema's read defaults, so `config` is the config with the schema's
     defaults filled in (Snakemake's validate(set_default=True)); it is not changed."""
@@ -34,7 +35,10 @@ def validate(config: dict, schema_path: str | Path) -> list[str]:
         return errors
     # One Workflow for every phase: its run table is computed once, on first use (after the recipe
     # checks have passed, as the phases run in order).
-    wf = Workflow(config)
+    try:
+        wf = Workflow(config)
+    except InputError as exc:  # a pipeline plug-in that cannot be loaded
+        return [str(exc)]
     for phase in PHASES:
         errors = phase(wf)
         if errors:
@@ -96,7 +100,6 @@ def reference_errors(wf: Workflow) -> list[str]:
     for name, settings in config["recipes"].items():
         errors += _recipe_reference_errors(wf, name, settings)
     errors += _unknown(config["evaluation"]["datasets"], datasets, "evaluation.datasets", "datasets")
-    errors += construct_kg_errors(wf)
     return errors
 
 
@@ -139,35 +142,6 @@ def mixed_input_errors(config: dict) -> list[str]:
     return errors
 
 
-def construct_kg_errors(wf: Workflow) -> list[str]:
-    """construct_kg's names: its corpus, the runs that build graphs, the reader run, its datasets."""
-    config, s = wf.config, wf.graphs.settings()
-    if not s:
-        return []
-    errors = []
-    if s["corpus"] not in config["corpora"]:
-        errors.append(f"config key 'construct_kg.corpus': '{s['corpus']}' is not a key of corpora {sorted(config['corpora'])}")
-    known = wf.recipe_runs
-    for name, spec in s["constructors"].items():
-        if isinstance(spec, dict) and spec["run"] not in known:
-            errors.append(f"config key 'construct_kg.constructors.{name}.run': '{spec['run']}' is not an evaluated run {sorted(known)}")
-    for name in set(s["constructors"]) & set(s.get("gold", {})):
-        errors.append(f"config key 'construct_kg.gold.{name}': '{name}' is also a constructor")
-    for i, name in enumerate(s.get("datasets", [])):
-        if name not in config["datasets"]:
-            errors.append(f"config key 'construct_kg.datasets[{i}]': '{name}' is not a key of datasets")
-    reader = s.get("reader")
-    if reader is not None:
-        if reader not in known:
-            errors.append(f"config key 'construct_kg.reader': '{reader}' is not an evaluated run {sorted(known)}")
-        elif "retriever" not in method_of(known[reader].settings).inputs:
-            errors.append(f"config key 'construct_kg.reader': run '{reader}' does not search (its method reads no retriever)")
-        if len(s.get("datasets", [])) > 1:
-            errors.append("config key 'construct_kg.reader': reader runs answer one dataset; construct_kg.datasets names "
-                          f"{len(s['datasets'])}")
-    return errors
-
-
 def sft_route_errors(wf: Workflow) -> list[str]:
     """A route that cannot make SFT data from its dataset (gold plans on real questions), saying
     what to set instead."""
@@ -195,31 +169,11 @@ def index_factory_errors(wf: Workflow) -> list[str]:
             if (reason := factory_error(factory)) is not None]
 
 
-def harr_errors(wf: Workflow) -> list[str]:
-    """config `harr`: its settings, the generator run (one that searches), its index and datasets."""
-    config, harr = wf.config, wf.harr
-    if not harr.settings():
-        return []
-    try:
-        parsed = harr.parsed
-    except (ValueError, TypeError) as exc:
-        return [str(exc)]
-    errors = []
-    run = harr.generator_settings().get("run")
-    if run is not None and run not in wf.runs:
-        errors.append(f"config key 'harr.generator': '{run}' is not an evaluated run {sorted(wf.runs)}")
-    elif "retriever" not in method_of(harr.generator().settings).inputs:
-        what = f"run '{run}'" if run else "its recipe"
-        errors.append(f"config key 'harr.generator': {what} does not search (its method reads no retriever)")
-    if parsed.index not in config["retrieval"]["indexes"]:
-        errors.append(f"config key 'harr.index': '{parsed.index}' is not a dense index of retrieval.indexes "
-                      f"{sorted(config['retrieval']['indexes'])}")
-    fields = [("train_dataset", parsed.train_dataset)] + [(f"eval_datasets[{i}]", d)
-                                                          for i, d in enumerate(parsed.eval_datasets)]
-    errors += [f"config key 'harr.{field}': '{name}' is not a key of datasets"
-               for field, name in fields if name not in config["datasets"]]
-    return errors
+def pipeline_errors(wf: Workflow) -> list[str]:
+    """Each enabled pipeline method's own checks (ragrl.workflow.pipelines), after the generic ones
+    they rely on (the recipes' runs)."""
+    return [e for plan in wf.pipelines.values() for e in plan.errors()]
 
 
 PHASES: tuple[Callable[[Workflow], list[str]], ...] = (
-    model_errors, recipe_errors, reference_errors, sft_route_errors, index_factory_errors, harr_errors)
+    model_errors, recipe_errors, reference_errors, sft_route_errors, index_factory_errors, pipeline_errors)

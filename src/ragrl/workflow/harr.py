@@ -1,28 +1,25 @@
 """HARR (rules/harr.smk): jobs exist when config names `harr` (the default does; `harr: null` drops
 them): filter -> train (HARR, and the no-history ablation) -> evaluation of the frozen generator
-with the frozen / HARR / no-history encoder -> the encoders' recall@k on multi-hop questions -> tables."""
+with the frozen / HARR / no-history encoder -> the encoders' recall@k on multi-hop questions -> tables.
+A pipeline method (ragrl.workflow.pipelines): the generic layers reach it through PIPELINE only."""
 
 from __future__ import annotations
 
 import os
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ragrl.recipe import HARR_RUNS, HarrRecipe, harr_generator_spec, parse_harr
+from ragrl.recipe import HARR_RUNS, HarrRecipe, harr_generator_spec, harr_lineage, parse_harr
 from ragrl.workflow.core import RESULTS, Run, recipe_json, recipe_part
-
-if TYPE_CHECKING:
-    from ragrl.workflow.table import Workflow
+from ragrl.workflow.pipelines import Pipeline, PipelinePlan
+from ragrl.workflow.table import method_of
 
 # harr.generator's keys that say how the generator is served (ragrl.recipe.harr_generator_spec).
 ENDPOINT_KEYS = ("base_url", "served_name", "serve")
 
 
-class HarrPlan:
+class HarrPlan(PipelinePlan):
     """The HARR runs of config `harr` (none without it)."""
-
-    def __init__(self, workflow: Workflow):
-        self.workflow = workflow
 
     def settings(self) -> dict | None:
         return self.workflow.config.get("harr") or None
@@ -97,6 +94,41 @@ class HarrPlan:
     def encoder_args(self, inputs) -> list[str]:
         return ["--encoder", os.path.join(os.path.dirname(inputs["encoder"]), "encoder")] if "encoder" in inputs.keys() else []
 
+    def errors(self) -> list[str]:
+        """config `harr`: its settings, the generator run (one that searches), its index and datasets."""
+        wf = self.workflow
+        config = wf.config
+        if not self.settings():
+            return []
+        try:
+            parsed = self.parsed
+        except (ValueError, TypeError) as exc:
+            return [str(exc)]
+        errors = []
+        run = self.generator_settings().get("run")
+        if run is not None and run not in wf.runs:
+            errors.append(f"config key 'harr.generator': '{run}' is not an evaluated run {sorted(wf.runs)}")
+        elif "retriever" not in method_of(self.generator().settings).inputs:
+            what = f"run '{run}'" if run else "its recipe"
+            errors.append(f"config key 'harr.generator': {what} does not search (its method reads no retriever)")
+        if parsed.index not in config["retrieval"]["indexes"]:
+            errors.append(f"config key 'harr.index': '{parsed.index}' is not a dense index of retrieval.indexes "
+                          f"{sorted(config['retrieval']['indexes'])}")
+        fields = [("train_dataset", parsed.train_dataset)] + [(f"eval_datasets[{i}]", d)
+                                                              for i, d in enumerate(parsed.eval_datasets)]
+        errors += [f"config key 'harr.{field}': '{name}' is not a key of datasets"
+                   for field, name in fields if name not in config["datasets"]]
+        return errors
+
+    def outputs(self) -> list[str]:
+        return self.evals()
+
+    def evals(self) -> list[str]:
+        return self.eval_outputs() + self.recall_outputs()
+
+    def lineage(self, recipe_lineage) -> dict[str, dict[str, str | None]]:
+        return harr_lineage(self.runs())
+
     def eval_outputs(self) -> list[str]:
         if not self.settings():
             return []
@@ -140,3 +172,6 @@ class HarrPlan:
             {"name": "harr_all", "title": f"HARR: query encoders' all@{k} (every supporting passage) on multi-hop questions",
              "metric": f"all@{k}", "runs": rows, "datasets": multihop},
         ]
+
+
+PIPELINE = Pipeline("harr", "rules/harr.smk", HarrPlan, builtin=True)

@@ -15,8 +15,7 @@ from ragrl.methods import get_method
 from ragrl.paths import hf_model_files, safe_name, world_files
 from ragrl.recipe import parse_recipe
 from ragrl.workflow.core import RESULTS, Run, recipe_json, recipe_part
-from ragrl.workflow.graphs import GraphPlan
-from ragrl.workflow.harr import HarrPlan
+from ragrl.workflow.pipelines import PipelinePlan, enabled_pipelines
 from ragrl.workflow.resources import rule_resources
 
 
@@ -30,8 +29,19 @@ class Workflow:
 
     def __init__(self, config: dict):
         self.config = config
-        self.graphs = GraphPlan(self)
-        self.harr = HarrPlan(self)
+        # The enabled pipeline methods (ragrl.workflow.pipelines), by name; InputError for a plug-in
+        # that cannot be loaded.
+        enabled = enabled_pipelines(config)
+        self.pipelines: dict[str, PipelinePlan] = {p.name: p.plan(self) for p in enabled}
+        self.rule_files = [p.rules for p in enabled]
+
+    def pipeline(self, name: str) -> PipelinePlan:
+        """The plan of enabled pipeline `name` (its rule file reaches its own plan this way)."""
+        return self.pipelines[name]
+
+    def from_pipelines(self, answer: str) -> list:
+        """The concatenation of every enabled pipeline's `answer` (a PipelinePlan method), in order."""
+        return [x for plan in self.pipelines.values() for x in getattr(plan, answer)()]
 
     # ------------------------------------------------------------ the world and the base policy
 
@@ -156,7 +166,7 @@ class Workflow:
         path = self.kg_spec(dataset)["path"].rstrip("/")
         if path.startswith(self.world_dir() + "/kg/"):
             return {"kg": f"{path}/triples.parquet", "kg_entities": f"{self.world_dir()}/entities.parquet"}
-        if path.startswith(f"{RESULTS}/kg_built/"):  # a KG a constructor builds (rule construct_kg)
+        if path.startswith(f"{RESULTS}/"):  # a KG a pipeline's rule builds: its triples are the output
             return {"kg": f"{path}/triples.parquet"}
         return {"kg": path}
 
@@ -245,9 +255,18 @@ class Workflow:
         return out
 
     @cached_property
+    def _pipeline_runs(self) -> dict[str, tuple[Run, PipelinePlan]]:
+        return {r: (run, plan) for plan in self.pipelines.values() for r, run in plan.eval_runs(self.recipe_runs).items()}
+
+    @cached_property
     def runs(self) -> dict[str, Run]:
-        """Every evaluated run: the recipes' runs, then the graph reader runs."""
-        return {**self.recipe_runs, **self.graphs.reader_runs(self.recipe_runs)}
+        """Every evaluated run: the recipes' runs, then the pipelines' (a graph's reader runs)."""
+        return {**self.recipe_runs, **{r: run for r, (run, _) in self._pipeline_runs.items()}}
+
+    def run_owner(self, run_id: str) -> PipelinePlan | None:
+        """The pipeline that added run `run_id`; None for a recipe's run."""
+        owned = self._pipeline_runs.get(run_id)
+        return owned[1] if owned else None
 
     def run_model_inputs(self, run_id: str) -> list[str]:
         # The base policy is a set of files (or nothing, for a hub id); merged models are directories.
@@ -257,7 +276,7 @@ class Workflow:
     def run_datasets(self, run_id: str) -> list[str]:
         """The datasets a run is evaluated on: its recipe's eval_datasets, else evaluation.datasets."""
         run = self.runs[run_id]
-        if run.stage == "graph":
+        if run.datasets:  # a pipeline's run names its own
             return list(run.datasets)
         if run.stage in ("base", "no_retrieval") and not run.own_datasets:
             return self.config["evaluation"]["datasets"]
@@ -271,10 +290,11 @@ class Workflow:
         for dataset in self.run_datasets(run_id):
             inputs[f"{dataset}__qa"] = self.qa_path(dataset)
             inputs.update({f"{dataset}__{k}": v for k, v in self.env_inputs(run.settings, run.recipe, dataset).items()})
-        if run.stage in ("oracle", "graph"):
+        if run.stage == "oracle":
             inputs["passages"] = self.passages_path(self.config["retrieval"]["corpus"])
-        if run.stage == "graph":  # one dataset (checked): its ranking over the run's graph
-            inputs["ranking"] = f"{RESULTS}/graph_rag/graph_{run.graph}/{run.datasets[0]}/ranking.parquet"
+        owner = self.run_owner(run_id)
+        if owner is not None:
+            inputs.update(owner.run_inputs(run))
         return inputs
 
     def run_settings_json(self, run_id: str) -> str:
@@ -283,9 +303,9 @@ class Workflow:
 
     def run_definition(self, run_id: str) -> dict:
         """Everything that defines a run (its manifest's config hash): the stages behind its model."""
-        run = self.runs[run_id]
-        if run.stage == "graph":  # the reader's own definition, and the graph its passages come from
-            return {**self.run_definition(run.reader), "graph": {run.graph: self.graphs.definition(run.graph)}}
+        run, owner = self.runs[run_id], self.run_owner(run_id)
+        if owner is not None:
+            return owner.run_definition(run)
         parts = {"eval": recipe_part(run.settings, "eval")}
         if run.stage in ("sft", "rl", "oracle"):
             parts["sft_data"] = self.recipe_part(self.sft_owner(run.recipe), "sft_data")
@@ -304,8 +324,9 @@ class Workflow:
             env = {k: inputs[f"{dataset}__{k}"] for k in self.env_inputs(settings, run.recipe, dataset)}
             flags += ["--dataset", dataset, "--qa", inputs[f"{dataset}__qa"],
                       *self.env_flags(env, settings, dataset, ("graph",))]
-        if run.stage == "graph":  # every search answered from the graph's ranking, not the index
-            return ["--ranking", inputs["ranking"], "--passages", inputs["passages"]] + flags
+        owner = self.run_owner(run_id)
+        if owner is not None:  # the pipeline's flags answer every search, not the index
+            return owner.run_args(run, inputs) + flags
         env = {k: inputs[f"{datasets[0]}__{k}"] for k in self.env_inputs(settings, run.recipe, datasets[0])}
         retriever = self.env_flags(env, settings, datasets[0], ("retriever",))
         if run.stage == "oracle":
@@ -314,7 +335,11 @@ class Workflow:
 
     def trained_runs(self) -> list[str]:
         """Runs with a training log in the results database (named by run id)."""
-        return [f"{r}_rl" for r in self.config["recipes"]] + self.harr.trained_runs()
+        return [f"{r}_rl" for r in self.config["recipes"]] + self.from_pipelines("trained_runs")
+
+    def pipeline_results(self) -> list[str]:
+        """The pipelines' files the results database reads besides their manifests and logs."""
+        return [f for plan in self.pipelines.values() for f in plan.evals() + plan.predictions()]
 
     # ------------------------------------------------------------ outputs
 
@@ -335,10 +360,10 @@ class Workflow:
         return {name: rule_resources(self.config, name)["gpu"] for name in sorted(names)}
 
     def tables(self) -> list[dict]:
-        """The results tables: config's, then the harr_* tables not named there (an overlay cannot
+        """The results tables: config's, then the pipelines' tables not named there (an overlay cannot
         append to a list)."""
         known = {t["name"] for t in self.config["results"]["tables"]}
-        return self.config["results"]["tables"] + [t for t in self.harr.tables() if t["name"] not in known]
+        return self.config["results"]["tables"] + [t for t in self.from_pipelines("tables") if t["name"] not in known]
 
     def table_names(self) -> list[str]:
         return [t["name"] for t in self.tables()]
@@ -359,9 +384,9 @@ class Workflow:
             corpus, hybrid = config["retrieval"]["corpus"], self.retrievers()[-1]
             outputs += [f"{RESULTS}/tables/retrieval_recall.md",
                         f"{RESULTS}/checks/retrieval_service_{corpus}_{hybrid}.json"]
-        outputs += self.eval_outputs() + self.run_manifests() + self.harr.eval_outputs() + self.harr.recall_outputs()
-        outputs += self.graphs.rank_outputs() + self.graphs.manifests()
-        if self.eval_outputs() or self.harr.eval_outputs():
+        outputs += self.eval_outputs() + self.run_manifests() + self.from_pipelines("outputs")
+        # Results where there are runs to tabulate: the recipes' or a pipeline's own tables.
+        if self.eval_outputs() or self.from_pipelines("tables"):
             outputs.append(f"{RESULTS}/ragrl.duckdb")
             outputs += [f"{RESULTS}/tables/{name}.md" for name in self.table_names()]
             outputs += [f"{RESULTS}/plots/metrics_{safe_name(m)}.png" for m in config["results"]["plot_metrics"]]
