@@ -118,8 +118,9 @@ def builtin_pipelines() -> list[Pipeline]:
 def enabled_pipelines(config: Mapping[str, Any]) -> list[Pipeline]:
     """The built-ins whose config key is set (not null, not empty), then config `pipelines`' plug-ins.
     InputError names the config key of a plug-in that cannot be loaded."""
-    out = [p for p in builtin_pipelines() if config.get(p.name)]
-    builtin = {p.name for p in builtin_pipelines()}
+    builtins = builtin_pipelines()
+    out = [p for p in builtins if config.get(p.name)]
+    builtin = {p.name for p in builtins}
     for name, spec in (config.get("pipelines") or {}).items():
         key = f"config key 'pipelines.{name}.plugin'"
         if name in builtin:
