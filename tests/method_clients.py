@@ -1,5 +1,5 @@
-"""The methods' own client code, reproduced for contract tests (tests/test_service_contracts.py,
-tests/test_retrieval_service.py): request building and response handling line for line, with
+"""The methods' own client code, reproduced for contract tests (tests/backends/test_service_contracts.py,
+tests/unit/test_retrieval_service.py): request building and response handling line for line, with
 `requests` as they use it. Sources:
 
 - Search-R1  search_r1/llm_agent/generation.py (PeterGriffinJin/Search-R1): batch_search,

@@ -1,4 +1,4 @@
-"""Run by tests/test_verl_backend.py with the verl venv's python (not collected by pytest).
+"""Run by tests/backends/test_verl_backend.py with the verl venv's python (not collected by pytest).
 
     python tests/verl_side_check.py SPEC.json REPORT.json
 

@@ -4,7 +4,7 @@
 # in the work dir, with VERL_FILE_LOGGER_PATH set), and it checks the overrides with verl's own
 # config composition, then writes what verl would leave behind: an FSDP checkpoint of the start
 # policy (world size 1) for verl's real model merger, and one log line per step.
-# Used by the CPU twins of the paper configs (tests/test_paper_twins.py); never by a real run.
+# Used by the CPU twins of the paper configs (tests/workflow/test_paper_twins.py); never by a real run.
 set -euo pipefail
 PY="$1"; shift
 "$PY" -m verl.trainer.main_ppo "$@" --cfg job > verl_cfg_job.txt

@@ -22,7 +22,7 @@ from ragrl.errors import InputError
 from ragrl.methods import Method, get_method
 from ragrl.settings import RLConfig, RolloutConfig, SFTArgs
 
-# Recipe keys outside the typed sections (the schema lists the same: tests/test_recipe.py).
+# Recipe keys outside the typed sections (the schema lists the same: tests/unit/test_recipe.py).
 TOP_KEYS = ("env", "plugin", "retriever", "train_dataset", "eval_datasets", "topk", "max_queries", "seed",
             "rollout", "sft", "rl", "reward", "turn_reward", "options")
 # Keys of `sft` and `rl` that choose a route rather than a trainer setting.

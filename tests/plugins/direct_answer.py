@@ -1,4 +1,4 @@
-"""A method written outside ragrl, as a researcher would add one (tests/test_methods.py).
+"""A method written outside ragrl, as a researcher would add one (tests/workflow/test_methods.py).
 
 Closed-book answering with its own environment (only <answer>), its own reward (exact match plus
 a `brevity` component no built-in method has) and its own cold-start SFT data (the gold answer,

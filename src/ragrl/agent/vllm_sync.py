@@ -15,7 +15,7 @@ started from those very weights):
    in-place `reload_weights`, then the tied LM head re-processed, which vLLM's CPU path needs);
    the collective_rpc and cache endpoints exist only with VLLM_SERVER_DEV_MODE=1, which this sets;
 3. `POST /reset_prefix_cache`: the prefix cache (on by default) holds KV computed with the old
-   weights, and a later request sharing a prefix would reuse it (tests/test_vllm_rollouts.py
+   weights, and a later request sharing a prefix would reuse it (tests/backends/test_vllm_rollouts.py
    shows the stale output). Keeping the cache and resetting it keeps its use within a step: a
    GRPO group shares its prompt, and every turn re-sends its trajectory's context.
 

@@ -14,7 +14,7 @@ weights" in the server log). On GPU that is harmless, the shared tensor holds th
 CPU the unquantized LM head computes its logits from a pre-packed copy of the weight made when it
 was processed (dispatch_cpu_unquantized_gemm), so the logits kept coming from the old embedding
 (vLLM 0.32.0: prompt log-probs up to 1.7 nats off the trainer's after a reload that changed the
-embedding, none off when only norms or linear layers changed; tests/test_vllm_rollouts.py, with
+embedding, none off when only norms or linear layers changed; tests/backends/test_vllm_rollouts.py, with
 this step left out, finds the server 0.2 nats off the trainer after one update). Re-processing every unquantized
 embedding-method layer whose weight is shared with another layer repacks it from the new values.
 """

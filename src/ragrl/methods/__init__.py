@@ -5,7 +5,7 @@ baseline, or one a researcher writes) is a `Method` declared in one module: its 
 factory, its reward, its cold-start SFT-data builder, the workflow inputs its environment reads,
 the metrics its evaluation adds and the RL backends it supports. The CLI, the stages, the
 evaluation, the rules and the verl bridge look a method up here and call its hooks; none of them
-names a method (tests/test_methods.py checks that).
+names a method (tests/workflow/test_methods.py checks that).
 
 A recipe names its method with `env:`. Built-in methods live in this package; any other module
 that defines a module-level `METHOD` is loaded from the recipe's `plugin:` (a dotted module name
@@ -152,7 +152,7 @@ class Method:
     """Everything the generic layers need to know about one method, in two groups.
 
     Behaviour hooks: functions the stages call, each typed by a Protocol above (its docstring says
-    who calls it with what), so mypy checks a plug-in's hooks (tests/test_typecheck.py). Only
+    who calls it with what), so mypy checks a plug-in's hooks (tests/unit/test_typecheck.py). Only
     `make_environment` and `score` are required.
 
     Declarations: plain data the workflow and the recipe parser read without calling anything

@@ -3,7 +3,7 @@ the paths of every stage and the resources of every rule.
 
 The Snakefile (rules/common.smk) builds one `Workflow` from its validated config and its input
 functions call it; nothing here imports Snakemake, so all of it is tested as plain Python
-(tests/test_workflow_table.py). Standard library + the `ragrl` modules the Snakefile imported before.
+(tests/unit/test_workflow_table.py). Standard library + the `ragrl` modules the Snakefile imported before.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 A pipeline is one module defining a module-level `PIPELINE` (a `Pipeline`), its rule file and its
 config: the generic layers (ragrl.workflow.table, checks, lineage; rules/common.smk, results.smk;
 the Snakefile) ask the enabled pipelines' plans what they add and never name one, so adding a
-pipeline edits none of them (tests/test_methods.py adds one from the tests folder,
+pipeline edits none of them (tests/workflow/test_methods.py adds one from the tests folder,
 tests/plugins/qa_count.py).
 
 The built-in pipelines are enabled by their own top-level config key (`harr:`, `construct_kg:`);
