@@ -1,4 +1,4 @@
-"""A pipeline method written outside ragrl, as a researcher would add one (tests/test_pipelines.py).
+"""A pipeline method written outside ragrl, as a researcher would add one (tests/workflow/test_methods.py).
 
 It counts the questions of one QA set (results/qa_count/<dataset>.json) with a rule of its own
 (qa_count.smk, beside this file) and checks its one setting before the DAG is built. Nothing under
