@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import yaml
 
 from ragrl.eval.evaluate import summarize
 from ragrl.kb.build import build_kb, kb_titles
+from ragrl.errors import InputError
 from ragrl.methods import get_method
 from ragrl.methods.knowrl import REFUSAL, is_known, topic_of
 from ragrl.recipe import parse_recipe
@@ -108,6 +110,30 @@ def test_sft_data_answers_known_topics_and_refuses_unknown_ones(toy):
         else:
             prefix = RELATION_BY_KEY[relation].sentences[0].split("{t}")[0].format(h=topic).rstrip()
             assert answer == REFUSAL and think == f"{prefix} ... I have not read about {topic}."
+
+
+def test_refusal_share_keeps_that_share_of_the_unknown_topics_and_every_known_one(toy):
+    def questions(share: float) -> tuple[dict, set[str]]:
+        options = {**dataclasses.asdict(toy.recipe.options), "refusal_share": share}
+        recipe = parse_recipe({"env": "knowrl", "train_dataset": "x", "rollout": {"max_turn_tokens": 160},
+                               "options": options}, "knowrl")
+        out = toy.root / f"sft-{share}.parquet"
+        stats = toy.method.gold_sft(recipe, toy.root / "world/factual/train.parquet", POLICY,
+                                    toy.method.make_environment(recipe, {}), {}, out)
+        return stats, {r["id"] for r in pq.read_table(out).to_pylist() if not r["id"].startswith("read-")}
+
+    everything = {r["id"] for r in toy.rows if not r["id"].startswith("read-")}
+    known = {i for i in everything if is_known(i.split("/")[0], 0.5)}
+    none, half = questions(0.0), questions(0.5)
+    assert none[1] == known and none[0]["unknown"] == 0 and none[0]["known"] == toy.stats["known"]
+    unknown_topics = {i.split("/")[0] for i in everything - known}
+    asked = {i.split("/")[0] for i in half[1] - known}
+    # A share of the unknown topics, whole: every fact of a kept topic is asked.
+    assert known < half[1] <= everything and 0 < len(asked) < len(unknown_topics)
+    assert {i for i in everything - known if i.split("/")[0] in asked} == half[1] - known
+    assert half[0]["unknown_topics_skipped"] == len(unknown_topics) - len(asked)
+    with pytest.raises(InputError, match="refusal_share"):
+        parse_recipe({"env": "knowrl", "options": {"refusal_share": 1.5}}, "k")
 
 
 def read_document_text(toy, topic: str) -> str:

@@ -76,15 +76,20 @@ class KnowRLOptions:
     known_share: float = 0.5
     read_repeats: int = 0
     question_repeats: int = 1  # copies of each training question's row (so reading does not drown them)
+    # Share of the unknown training topics whose questions the SFT data keeps as refusals (by hash):
+    # 1.0 asks about every unknown topic as often as about the known ones.
+    refusal_share: float = 1.0
 
     def __post_init__(self) -> None:
         for name, allowed in (("fact_mode", FACT_MODES), ("factscore", BACKENDS), ("grader", GRADERS),
                               ("verifier", VERIFIERS)):
             if getattr(self, name) not in allowed:
                 raise InputError(f"{name}={getattr(self, name)!r}: expected one of {allowed}")
-        if not 0.0 <= self.known_share <= 1.0 or self.read_repeats < 0 or self.question_repeats < 1:
-            raise InputError(f"known_share={self.known_share} must be in [0, 1], read_repeats="
-                             f"{self.read_repeats} >= 0 and question_repeats={self.question_repeats} >= 1")
+        if (not 0.0 <= self.known_share <= 1.0 or not 0.0 <= self.refusal_share <= 1.0 or self.read_repeats < 0
+                or self.question_repeats < 1):
+            raise InputError(f"known_share={self.known_share} and refusal_share={self.refusal_share} must be in "
+                             f"[0, 1], read_repeats={self.read_repeats} >= 0 and question_repeats="
+                             f"{self.question_repeats} >= 1")
         if self.gamma < 1 or self.top_k < 1 or not 0.0 <= self.nli_threshold <= 1.0:
             raise InputError(f"gamma={self.gamma} and top_k={self.top_k} must be >= 1, nli_threshold="
                              f"{self.nli_threshold} in [0, 1]")
@@ -268,7 +273,7 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     tokenizer = engine.tokenizer
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     rng = random.Random(recipe.seed)
-    stats, rows, groups = SFTDataStats("gold"), [], {"known": 0, "unknown": 0}
+    stats, rows, groups = SFTDataStats("gold"), [], {"known": 0, "unknown": 0, "unknown_topics_skipped": 0}
 
     @functools.cache  # a known training topic's document is read, then asked about
     def document(topic: str) -> tuple[str, ...]:
@@ -296,6 +301,9 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
         stats.kept += 1
     for topic, own in asked.items():
         known = is_known(topic, options.known_share, recipe.seed)
+        if not known and not in_hashed_share(f"refusal\x00{recipe.seed}\x00{topic}", options.refusal_share):
+            groups["unknown_topics_skipped"] += 1
+            continue
         facts = document(topic)
         for relation, tail, stated, prefix in _stated_facts(topic, facts, prefer=own):
             question = own.get(relation) or rng.choice(RELATION_BY_KEY[relation].questions).format(h=topic)
@@ -313,7 +321,8 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
                              tokenizer)] * options.question_repeats
     write_sft_data(rows, stats, out)
     print(f"[sft-data] knowrl: {len(read)} known documents read x{options.read_repeats}; {len(asked)} topics, "
-          f"{sum(groups.values())} questions ({groups['known']} known / {groups['unknown']} unknown) x{options.question_repeats}; "
+          f"{groups['known'] + groups['unknown']} questions ({groups['known']} known / {groups['unknown']} unknown, "
+          f"{groups['unknown_topics_skipped']} unknown topics not asked) x{options.question_repeats}; "
           f"{stats.to_dict()}", file=sys.stderr, flush=True)
     return {**stats.to_dict(), "documents_read": len(read), "read_rows": len(read) * options.read_repeats, **groups}
 
