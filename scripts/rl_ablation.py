@@ -60,7 +60,7 @@ def run(cmd: list[str], log: Path, cwd: Path) -> None:
         raise SystemExit(f"{' '.join(cmd[:4])} failed (rc {proc.returncode}); see {log}")
 
 
-def paired_summary(sft: Path, rl: Path, train_log: Path) -> dict:
+def paired_summary(sft: Path, rl: Path, train_log: Path, metric: str = "em") -> dict:
     import polars as pl
 
     from ragrl.results.paired import paired_bootstrap
@@ -72,8 +72,8 @@ def paired_summary(sft: Path, rl: Path, train_log: Path) -> dict:
     for label in ["all", *sorted(set(a["question_type"].to_list()))]:
         mask = pl.lit(True) if label == "all" else pl.col("question_type") == label
         x, y = a.filter(mask), b.filter(mask)
-        diff, low, high = paired_bootstrap(y["em"].to_list(), x["em"].to_list())
-        out[label] = {"n": len(x), "sft_em": x["em"].mean(), "rl_em": y["em"].mean(),
+        diff, low, high = paired_bootstrap(y[metric].to_list(), x[metric].to_list())
+        out[label] = {"n": len(x), "metric": metric, "sft_em": x[metric].mean(), "rl_em": y[metric].mean(),
                       "diff": {"diff": diff, "low": low, "high": high},
                       "sft_searches": x["searches"].mean(), "rl_searches": y["searches"].mean()}
     steps = [json.loads(line) for line in train_log.read_text().splitlines() if line.strip()]
@@ -104,12 +104,12 @@ def ablate(args, recipe: dict, results: Path, out: Path) -> None:
         out / "eval.log", work_tree)
     summary = {"name": args.name, "method": method, "sets": args.set,
                **paired_summary(results / f"eval/{method}_sft/world_test/predictions.parquet",
-                                out / "eval/world_test/predictions.parquet", out / "train_log.jsonl")}
+                                out / "eval/world_test/predictions.parquet", out / "train_log.jsonl", args.metric)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     for label, row in summary.items():
         if isinstance(row, dict) and "diff" in row:
             d = row["diff"]
-            print(f"{label:11s} n={row['n']:3d} EM {row['sft_em']:.3f} -> {row['rl_em']:.3f} "
+            print(f"{label:11s} n={row['n']:3d} {row['metric']} {row['sft_em']:.3f} -> {row['rl_em']:.3f} "
                   f"diff {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
                   f"searches {row['sft_searches']:.2f} -> {row['rl_searches']:.2f}")
     t = summary["train"]
@@ -173,6 +173,7 @@ def main() -> None:
     p.add_argument("--name", default="variant")
     p.add_argument("--set", action="append", default=[], help="key.path=JSON on top of the default recipe")
     p.add_argument("--out", type=Path, default=Path("rl_ablation"))
+    p.add_argument("--metric", default="em", help="the per-question column compared paired (autograph_r1: recall@5)")
     p.add_argument("--diagnose", action="store_true", help="sampled rollouts of the SFT model by question type")
     p.add_argument("--questions", type=int, default=48)
     p.add_argument("--group", type=int, default=8)
