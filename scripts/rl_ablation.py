@@ -73,7 +73,7 @@ def paired_summary(sft: Path, rl: Path, train_log: Path, metric: str = "em") -> 
         mask = pl.lit(True) if label == "all" else pl.col("question_type") == label
         x, y = a.filter(mask), b.filter(mask)
         diff, low, high = paired_bootstrap(y[metric].to_list(), x[metric].to_list())
-        out[label] = {"n": len(x), "metric": metric, "sft_em": x[metric].mean(), "rl_em": y[metric].mean(),
+        out[label] = {"n": len(x), "metric": metric, "sft_mean": x[metric].mean(), "rl_mean": y[metric].mean(),
                       "diff": {"diff": diff, "low": low, "high": high},
                       "sft_searches": x["searches"].mean(), "rl_searches": y["searches"].mean()}
     steps = [json.loads(line) for line in train_log.read_text().splitlines() if line.strip()]
@@ -109,7 +109,7 @@ def ablate(args, recipe: dict, results: Path, out: Path) -> None:
     for label, row in summary.items():
         if isinstance(row, dict) and "diff" in row:
             d = row["diff"]
-            print(f"{label:11s} n={row['n']:3d} {row['metric']} {row['sft_em']:.3f} -> {row['rl_em']:.3f} "
+            print(f"{label:11s} n={row['n']:3d} {row['metric']} {row['sft_mean']:.3f} -> {row['rl_mean']:.3f} "
                   f"diff {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
                   f"searches {row['sft_searches']:.2f} -> {row['rl_searches']:.2f}")
     t = summary["train"]

@@ -8,7 +8,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import copy
-import dataclasses
 import json
 import subprocess
 import sys
@@ -47,20 +46,24 @@ def test_known_topics_are_a_fixed_share_by_hash():
     assert [is_known(t, 0.5, seed=1) for t in topics] != [is_known(t, 0.5) for t in topics]
 
 
+def _gold_sft(root: Path, out: Path, **options):
+    """The recipe, the stats and the rows of KnowRL's gold SFT data over the world under `root`."""
+    recipe = parse_recipe({"env": "knowrl", "train_dataset": "x", "rollout": {"max_turn_tokens": 160},
+                           "options": {"kb": str(root / "kb.db"), "read_repeats": REPEATS, "question_repeats": 2,
+                                       "gamma": 3, **options}}, "knowrl")
+    method = get_method("knowrl")
+    stats = method.gold_sft(recipe, root / "world/factual/train.parquet", POLICY, method.make_environment(recipe, {}),
+                            {}, out)
+    return recipe, stats, pq.read_table(out).to_pylist()
+
+
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     root = tmp_path_factory.mktemp("knowrl")
     write_world(generate_world(13, 30), root / "world")
     build_kb([root / "world/kb/documents.parquet"], root / "kb.db")
-    recipe = parse_recipe({"env": "knowrl", "train_dataset": "x", "rollout": {"max_turn_tokens": 160},
-                           "options": {"kb": str(root / "kb.db"), "read_repeats": REPEATS, "question_repeats": 2,
-                                       "gamma": 3}}, "knowrl")
-    method = get_method("knowrl")
-    out = root / "sft.parquet"
-    stats = method.gold_sft(recipe, root / "world/factual/train.parquet", POLICY, method.make_environment(recipe, {}),
-                            {}, out)
-    return SimpleNamespace(root=root, recipe=recipe, method=method, stats=stats,
-                           rows=pq.read_table(out).to_pylist(),
+    recipe, stats, rows = _gold_sft(root, root / "sft.parquet")
+    return SimpleNamespace(root=root, recipe=recipe, method=get_method("knowrl"), stats=stats, rows=rows,
                            qa=pq.read_table(root / "world/factual/train.parquet").to_pylist())
 
 
@@ -114,13 +117,8 @@ def test_sft_data_answers_known_topics_and_refuses_unknown_ones(toy):
 
 def test_refusal_share_keeps_that_share_of_the_unknown_topics_and_every_known_one(toy):
     def questions(share: float) -> tuple[dict, set[str]]:
-        options = {**dataclasses.asdict(toy.recipe.options), "refusal_share": share}
-        recipe = parse_recipe({"env": "knowrl", "train_dataset": "x", "rollout": {"max_turn_tokens": 160},
-                               "options": options}, "knowrl")
-        out = toy.root / f"sft-{share}.parquet"
-        stats = toy.method.gold_sft(recipe, toy.root / "world/factual/train.parquet", POLICY,
-                                    toy.method.make_environment(recipe, {}), {}, out)
-        return stats, {r["id"] for r in pq.read_table(out).to_pylist() if not r["id"].startswith("read-")}
+        _, stats, rows = _gold_sft(toy.root, toy.root / f"sft-{share}.parquet", refusal_share=share)
+        return stats, {r["id"] for r in rows if not r["id"].startswith("read-")}
 
     everything = {r["id"] for r in toy.rows if not r["id"].startswith("read-")}
     known = {i for i in everything if is_known(i.split("/")[0], 0.5)}
