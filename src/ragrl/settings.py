@@ -353,6 +353,9 @@ class HarrEnvironment:
     instruction: str | None = setting(None, help="null: the authors' instruction for the state kind")
     generator_temperature: float = setting(0.0, ge=0, help="the frozen generator's sampling temperature; 0: greedy")
     rollout_batch_questions: int = setting(8, ge=1, help="questions per rollout call in the filter (G rollouts each)")
+    hop_answer: str = setting("think", choices=("think", "none"),
+                              help="a completed hop's \"answer\" in the history-aware state: the generator's <think> "
+                                   "text before that search (the authors' Search-R1 loop), or none (null)")
 
     def __post_init__(self) -> None:
         problems = []

@@ -28,6 +28,14 @@ def test_search_with_think():
     assert (a.kind, a.queries, a.valid, a.error) == ("search", ("where was Ada born",), True, None)
 
 
+def test_a_query_action_keeps_its_turns_last_think_verbatim_and_compares_without_it():
+    a = parse_action("<think>one</think>text<think> two\n</think><search>q</search>")
+    assert a.think == " two\n" and a == P.Action("search", queries=("q",))
+    assert parse_action("<search>q</search>").think is None
+    assert parse_action("<think>t</think><answer>a</answer>").think is None
+    assert parse_action("<think>t</think><search> </search>").think is None  # invalid: nothing was searched
+
+
 def test_answer_is_stripped_and_ends_nothing_else():
     a = parse_action("<think>done</think><answer>  Port Velmar </answer>")
     assert (a.kind, a.answer, a.queries) == ("answer", "Port Velmar", ())

@@ -48,6 +48,28 @@ def test_each_search_is_a_recorded_draw_with_the_history_aware_state(world):
         env.respond([Action("search", ("x",))], sample_ids=["q9#0"])
 
 
+@pytest.mark.parametrize("hop_answer", ["think", "none"])
+def test_a_hops_answer_is_the_think_of_the_turn_that_searched(world, hop_answer):
+    # The authors' Search-R1 loop (generator.py): history gets {"sub_query", "answer": last <think> of
+    # that turn}, appended after the hop's retrieval, so the think shows from the next hop on.
+    policy, index, store = world
+    env = HistoryAwareSearchEnvironment(policy, index, store, topk=2, pool_size=5, stochastic=False,
+                                        template="{state}", hop_answer=hop_answer)
+    env.begin({"a#0": "Where was the founder of Velmora born?"})
+    first = '<think>draft</think> <think>I need the founder of "Velmora".\n</think>\n<search>Velmora founder</search>'
+    env.respond([env.parse(first)], sample_ids=["a#0"])
+    assert env.steps["a#0"][0].state.endswith('History: []\nQuery: Velmora founder')
+    env.respond([env.parse("<search>Ana Rell birthplace</search>")], sample_ids=["a#0"])
+    env.respond([env.parse("<think>last</think><search>Rell born</search>")], sample_ids=["a#0"])
+    think = 'I need the founder of "Velmora".\n' if hop_answer == "think" else None
+    hops = [Hop("Velmora founder", think), Hop("Ana Rell birthplace", None)]
+    assert env.steps["a#0"][2].state == history_state("Where was the founder of Velmora born?", hops, "Rell born")
+    if hop_answer == "think":
+        assert '"answer": "I need the founder of \\"Velmora\\".\\n"' in env.steps["a#0"][1].state
+    with pytest.raises(Exception, match="hop_answer"):
+        HistoryAwareSearchEnvironment(policy, index, store, topk=2, pool_size=5, hop_answer="reasoning")
+
+
 def test_no_history_ablation_and_deterministic_evaluation(world):
     policy, index, store = world
     env = HistoryAwareSearchEnvironment(policy, index, store, topk=2, pool_size=5, use_history=False,

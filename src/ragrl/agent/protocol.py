@@ -25,11 +25,12 @@ The parser never raises, whatever the string: a malformed turn becomes an `Actio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ragrl.errors import InputError
 
@@ -60,6 +61,8 @@ _TAG_RE = re.compile("|".join(re.escape(t) for t in sorted(PROTOCOL_TAGS, key=le
 _CLOSING_RE = re.compile("|".join(re.escape(t) for t in CLOSING_ACTION_TAGS))
 # Anything tag-shaped that is not ours: reported when a turn has no action, since a model that
 # writes <query>…</query> deserves a more useful hint than "no action".
+# HARR's authors take the last match of this pattern in the turn (generator.py, _cur_response_pattern).
+_THINK_RE = re.compile(re.escape(THINK_OPEN) + "(.*?)" + re.escape(THINK_CLOSE), re.DOTALL)
 _ANY_TAG_RE = re.compile(r"</?([A-Za-z][A-Za-z0-9_-]{0,30})>")
 _WS_RE = re.compile(r"\s+")
 _CHAT_TOKEN_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>")
@@ -102,6 +105,10 @@ class Action:
     error: str | None = None
     dropped: tuple[str, ...] = ()  # queries over the per-turn cap, reported to the model
     overshoot: str = ""  # text after the action, discarded
+    # The last <think> content before a query action, verbatim (None: the turn had none). Not part
+    # of what the action *does*, so two actions that search the same thing compare equal; HARR's
+    # history-aware state carries it as the hop's "answer", as the authors' Search-R1 loop does.
+    think: str | None = field(default=None, compare=False)
 
     @property
     def valid(self) -> bool:
@@ -156,7 +163,9 @@ def _parse(text: str, spec: ActionSpec) -> Action:
         return _invalid(f"<{name}> is not available here.", overshoot)
     if name == "answer":
         return Action("answer", answer=contents[0].strip(), overshoot=overshoot)
-    return _query_action(name, contents, spec, overshoot)
+    action = _query_action(name, contents, spec, overshoot)
+    thinks = _THINK_RE.findall(prefix)
+    return dataclasses.replace(action, think=thinks[-1]) if thinks and action.valid else action
 
 
 def _last_closing(kept: str) -> tuple[str, int] | None:

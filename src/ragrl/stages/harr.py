@@ -163,7 +163,8 @@ def _env(policy, world: _World, harr: HarrRecipe, *, use_history: bool, stochast
     e = harr.environment
     return HistoryAwareSearchEnvironment(policy, world.index, world.passages, topk=e.topk, pool_size=e.pool_size,
                                          alpha=harr.train.alpha, use_history=use_history, instruction=e.instruction,
-                                         template=e.template, stochastic=stochastic, seed=seed)
+                                         template=e.template, stochastic=stochastic, seed=seed,
+                                         hop_answer=e.hop_answer)
 
 
 def _rows(qa: Path, limit: int | None = None) -> list[dict]:

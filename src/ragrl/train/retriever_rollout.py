@@ -7,10 +7,9 @@ The generator and its protocol are the Search-R1 agent this workflow already run
 environment can keep the per-trajectory history the state string needs, and the G rollouts of a
 question stay apart.
 
-History entries follow the authors' Search-R1 loop ({"sub_query", "answer"}), but "answer" is
-null: their "answer" is the agent's <think> text before the search, which this workflow's
-environment interface does not see (it receives parsed actions). The sub-queries of the completed
-hops are what the state then carries.
+History entries follow the authors' Search-R1 loop ({"sub_query", "answer"}): "answer" is the
+generator's <think> text in the turn that issued the hop's search (`Action.think`, null when the
+turn had none), or always null with `hop_answer="none"`.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
 
     def __init__(self, policy: Any, index: Any, passages: Any, *, topk: int = 3, pool_size: int = 30,
                  alpha: float = 0.05, use_history: bool = True, instruction: str | None = None,
-                 template: str = INSTRUCT_TEMPLATE, stochastic: bool = True, seed: int = 0) -> None:
+                 template: str = INSTRUCT_TEMPLATE, stochastic: bool = True, seed: int = 0,
+                 hop_answer: str = "think") -> None:
         super().__init__(retriever=self, topk=topk)  # self.search is never called: _search is overridden
         if pool_size < topk:
             raise InputError(f"pool_size={pool_size} must be >= topk={topk}: the draw takes topk from the pool")
@@ -42,12 +42,15 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         # Not `self.instruction`: the rollout engine reads an environment's `instruction` as the
         # generator's prompt, and this is the query encoder's.
         self.query_instruction = default_instruction(use_history) if instruction is None else instruction
-        self.template, self.stochastic = template, stochastic
+        if hop_answer not in ("think", "none"):
+            raise InputError(f"hop_answer must be 'think' or 'none', got {hop_answer!r}")
+        self.template, self.stochastic, self.hop_answer = template, stochastic, hop_answer
         self.generator = torch.Generator().manual_seed(seed)
         self.questions: dict[str, str] = {}
         self.history: dict[str, list[Hop]] = {}
         self.steps: dict[str, list[RetrievalStep]] = {}
         self._query_sample_ids: list[str] = []
+        self._query_thinks: list[str | None] = []
 
     def begin(self, questions: Mapping[str, str]) -> None:
         """Start a batch: the original question of each sample id; histories start empty."""
@@ -64,7 +67,9 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         unknown = sorted({str(s) for a, s in zip(actions, sample_ids) if a.kind == "search" and s not in self.questions})
         if unknown:
             raise ValueError(f"sample ids {unknown[:5]} were not started with begin()")
-        self._query_sample_ids = [str(s) for a, s in zip(actions, sample_ids) if a.kind == "search" for _ in a.queries]
+        searches = [(a, str(s)) for a, s in zip(actions, sample_ids) if a.kind == "search" for _ in a.queries]
+        self._query_sample_ids = [s for _, s in searches]
+        self._query_thinks = [a.think if self.hop_answer == "think" else None for a, _ in searches]
         return super().respond(actions, reserved, sample_ids)
 
     def _search(self, queries: list[str], sample_ids: list[str | None] | None = None) -> list[list[dict]]:
@@ -75,9 +80,13 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         steps = retrieve(self.policy, self.index, states, pool_size=self.pool_size, k=self.topk, alpha=self.alpha,
                          stochastic=self.stochastic, generator=self.generator)
         out = []
-        for sid, query, step in zip(sids, queries, steps):
+        # respond() set them for exactly these queries; taken once, so a later direct call gets none.
+        thinks = self._query_thinks if len(self._query_thinks) == len(queries) else [None] * len(queries)
+        self._query_thinks = []
+        for sid, query, step, think in zip(sids, queries, steps, thinks):
             self.steps[sid].append(step)
-            self.history[sid].append(Hop(query, None))
+            # Appended after this hop's retrieval: a hop's own think shows from the next hop on.
+            self.history[sid].append(Hop(query, think))
             rows = self.passages.rows(step.doc_ids)
             out.append([{"id": pid, "title": title, "text": text, "score": step.scores[j]}
                         for (pid, title, text), j in zip(rows, step.order)])
