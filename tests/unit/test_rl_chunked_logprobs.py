@@ -209,6 +209,32 @@ def test_chunkable_head_unwraps_and_refuses_zero3():
     assert rl_mod.chunkable_head(model) is model.lm_head
 
 
+class _Zero3Like(torch.nn.Module):
+    """A wrapper as DeepSpeed's ZeRO-3 engine looks to `chunkable_head`: `.module` and stage 3."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def zero_optimization_stage(self):
+        return 3
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def test_unchunkable_head_says_so_once_and_scores_the_same(capsys):
+    rl_mod._note_unchunked_once.cache_clear()
+    model = _model(True).eval()
+    with torch.no_grad():
+        want, _ = response_logprobs(model, _batch(), 1.0, 0, False, NO_AUTOCAST)
+        assert "logprob_chunk_tokens" not in capsys.readouterr().out  # chunking off: nothing to say
+        for _ in range(3):
+            got, _ = response_logprobs(_Zero3Like(model), _batch(), 1.0, 5, False, NO_AUTOCAST)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert capsys.readouterr().out.count("materialises its whole [batch, response, vocabulary] logits") == 1
+
+
 def test_negative_chunk_size_is_refused():
     with pytest.raises(ValueError, match="logprob_chunk_tokens"):
         RLConfig(logprob_chunk_tokens=-1)

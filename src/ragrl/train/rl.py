@@ -23,6 +23,8 @@ checkpoint every `checkpoint_every` steps.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import math
 import os
@@ -333,6 +335,19 @@ def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module
     return hidden[:, :-1]
 
 
+@functools.lru_cache(maxsize=8)
+def _note_unchunked_once(kind: str) -> None:
+    print(f"[rl] rl.logprob_chunk_tokens is set, but the LM head of this {kind} cannot be applied outside "
+          "its forward (ZeRO-3 partitions it, or it is not a plain Linear): every micro-batch materialises "
+          "its whole [batch, response, vocabulary] logits; lower rl.micro_batch_size if memory runs out",
+          flush=True)
+
+
+def _note_unchunked(model) -> None:
+    # Said once per kind of model, not once per micro-batch: a log of thousands of steps stays readable.
+    _note_unchunked_once(type(getattr(model, "module", model)).__name__)
+
+
 def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float, chunk_tokens: int,
                       with_entropy: bool, autocast) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [B, R] (and, without gradients, entropies) of the response tokens.
@@ -343,6 +358,8 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
     applied separately (`chunkable_head`), materialises the micro-batch's logits at once.
     """
     head = chunkable_head(model) if chunk_tokens > 0 else None
+    if head is None and chunk_tokens > 0:
+        _note_unchunked(model)
     if head is None:
         with autocast():
             logits = response_logits(model, batch)
