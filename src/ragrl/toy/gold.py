@@ -84,18 +84,11 @@ def _just_read(plan: GoldPlan, turn: int) -> list[str]:
 def search_text(plan: GoldPlan, turn: int, joiner: str = " | ") -> str:
     hops = [plan.hops[i] for i in plan.turns[turn]]
     known = _just_read(plan, turn)
-    # A parallel turn's thought says so before its first query ("… in parallel: A | B") and names
-    # the queries exactly as the search issues them, joiner and all, so the search is a copy of the
-    # thought. With " and " in the thought and " | " in the search, the SFT policy copied the first
-    # query and closed the search (teacher-forced P(" |") 0.26 after it, argmax </search> on 31 of
-    # 40 training turns; 1.05 queries per search); with the joiner alone it closed the thought
-    # there instead: whether to go on was decided one query too late.
-    need = joiner.join(h.query for h in hops)
-    lead = "I need to find out, in parallel:" if len(hops) > 1 else "I need to find out:"
+    need = " and ".join(h.query for h in hops)
     if known:
-        thought = f"{' '.join(known)} Next {lead} {need}"
+        thought = f"{' '.join(known)} Next I need to find out: {need}"
     else:
-        thought = f"{lead} {need}{_later(plan)}"
+        thought = f"I need to find out: {need}{_later(plan)}"
     return f"{THINK_OPEN}{thought}{THINK_CLOSE}\n{SEARCH_OPEN} {joiner.join(h.query for h in hops)}{SEARCH_CLOSE}"
 
 
