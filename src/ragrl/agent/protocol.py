@@ -59,10 +59,10 @@ TURN_LIMIT_NOTICE = "Turn limit reached. Give your final answer now."
 
 _TAG_RE = re.compile("|".join(re.escape(t) for t in sorted(PROTOCOL_TAGS, key=len, reverse=True)))
 _CLOSING_RE = re.compile("|".join(re.escape(t) for t in CLOSING_ACTION_TAGS))
-# Anything tag-shaped that is not ours: reported when a turn has no action, since a model that
-# writes <query>…</query> deserves a more useful hint than "no action".
 # HARR's authors take the last match of this pattern in the turn (generator.py, _cur_response_pattern).
 _THINK_RE = re.compile(re.escape(THINK_OPEN) + "(.*?)" + re.escape(THINK_CLOSE), re.DOTALL)
+# Anything tag-shaped that is not ours: reported when a turn has no action, since a model that
+# writes <query>…</query> deserves a more useful hint than "no action".
 _ANY_TAG_RE = re.compile(r"</?([A-Za-z][A-Za-z0-9_-]{0,30})>")
 _WS_RE = re.compile(r"\s+")
 _CHAT_TOKEN_RE = re.compile(r"<\|[^<>|\s]{1,40}\|>")
