@@ -15,6 +15,16 @@ from tqdm import tqdm
 
 T = TypeVar("T")
 
+_NOTED: set[str] = set()
+
+
+def note_once(key: str, message: str) -> None:
+    """Print `message` to stderr the first time `key` is seen in this process: a fallback said once
+    in a log of thousands of steps, not once per step."""
+    if key not in _NOTED:
+        _NOTED.add(key)
+        print(message, file=sys.stderr, flush=True)
+
 
 def progress(
     items: Iterable[T],

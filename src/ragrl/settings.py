@@ -333,6 +333,10 @@ class RetrieverTrainConfig:
         check_settings(self)
 
 
+# What a completed hop's "answer" holds in HARR's history-aware state (ragrl.train.retriever_rollout).
+HOP_ANSWERS = ("think", "none")
+
+
 @dataclass(frozen=True)
 class HarrEnvironment:
     """The retrieval environment of HARR: pool K, k drawn, and the encoder's query text.
@@ -353,7 +357,7 @@ class HarrEnvironment:
     instruction: str | None = setting(None, help="null: the authors' instruction for the state kind")
     generator_temperature: float = setting(0.0, ge=0, help="the frozen generator's sampling temperature; 0: greedy")
     rollout_batch_questions: int = setting(8, ge=1, help="questions per rollout call in the filter (G rollouts each)")
-    hop_answer: str = setting("think", choices=("think", "none"),
+    hop_answer: str = setting("think", choices=HOP_ANSWERS,
                               help="a completed hop's \"answer\" in the history-aware state: the generator's <think> "
                                    "text before that search (the authors' Search-R1 loop), or none (null)")
 

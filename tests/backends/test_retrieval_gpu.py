@@ -13,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 
+from ragrl import progress
 from ragrl.retrieval import gpu
 from ragrl.retrieval.dense import build_faiss_index, load_faiss_index, write_embeddings
 from ragrl.retrieval.searcher import load_searcher
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(gpu.faiss_gpu_count() > 0, reason="a GPU is pres
 
 @pytest.fixture(autouse=True)
 def fresh_notes(monkeypatch):
-    monkeypatch.setattr(gpu, "_NOTED", set())
+    monkeypatch.setattr(progress, "_NOTED", set())
 
 
 @pytest.mark.parametrize("num_gpus,local_rank,expected", [

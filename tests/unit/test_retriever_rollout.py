@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ragrl.agent.protocol import Action
+from ragrl.errors import InputError
 from ragrl.retrieval.query_state import (
     RETRIEVAL_INSTRUCTION,
     STATEFUL_RETRIEVAL_INSTRUCTION,
@@ -66,7 +67,7 @@ def test_a_hops_answer_is_the_think_of_the_turn_that_searched(world, hop_answer)
     assert env.steps["a#0"][2].state == history_state("Where was the founder of Velmora born?", hops, "Rell born")
     if hop_answer == "think":
         assert '"answer": "I need the founder of \\"Velmora\\".\\n"' in env.steps["a#0"][1].state
-    with pytest.raises(Exception, match="hop_answer"):
+    with pytest.raises(InputError, match="hop_answer"):
         HistoryAwareSearchEnvironment(policy, index, store, topk=2, pool_size=5, hop_answer="reasoning")
 
 

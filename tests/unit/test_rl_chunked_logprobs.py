@@ -19,6 +19,7 @@ import torch
 import transformers
 
 import rl_toy
+from ragrl import progress
 from ragrl.train import rl as rl_mod
 from ragrl.train.losses import chunked_token_logprobs, entropy_from_logits, policy_loss, token_logprobs
 from ragrl.train.rl import RLConfig, Sample, collate, response_logprobs, train_rl
@@ -223,16 +224,16 @@ class _Zero3Like(torch.nn.Module):
         return self.module(*args, **kwargs)
 
 
-def test_unchunkable_head_says_so_once_and_scores_the_same(capsys):
-    rl_mod._note_unchunked_once.cache_clear()
+def test_unchunkable_head_says_so_once_and_scores_the_same(capsys, monkeypatch):
+    monkeypatch.setattr(progress, "_NOTED", set())
     model = _model(True).eval()
     with torch.no_grad():
         want, _ = response_logprobs(model, _batch(), 1.0, 0, False, NO_AUTOCAST)
-        assert "logprob_chunk_tokens" not in capsys.readouterr().out  # chunking off: nothing to say
+        assert "logprob_chunk_tokens" not in capsys.readouterr().err  # chunking off: nothing to say
         for _ in range(3):
             got, _ = response_logprobs(_Zero3Like(model), _batch(), 1.0, 5, False, NO_AUTOCAST)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-    assert capsys.readouterr().out.count("materialises its whole [batch, response, vocabulary] logits") == 1
+    assert capsys.readouterr().err.count("materialises its whole [batch, response, vocabulary] logits") == 1
 
 
 def test_negative_chunk_size_is_refused():

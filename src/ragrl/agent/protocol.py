@@ -25,7 +25,6 @@ The parser never raises, whatever the string: a malformed turn becomes an `Actio
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import unicodedata
@@ -163,9 +162,8 @@ def _parse(text: str, spec: ActionSpec) -> Action:
         return _invalid(f"<{name}> is not available here.", overshoot)
     if name == "answer":
         return Action("answer", answer=contents[0].strip(), overshoot=overshoot)
-    action = _query_action(name, contents, spec, overshoot)
     thinks = _THINK_RE.findall(prefix)
-    return dataclasses.replace(action, think=thinks[-1]) if thinks and action.valid else action
+    return _query_action(name, contents, spec, overshoot, thinks[-1] if thinks else None)
 
 
 def _last_closing(kept: str) -> tuple[str, int] | None:
@@ -219,7 +217,8 @@ def _no_action_error(kept: str) -> str:
     return "no action found."
 
 
-def _query_action(name: str, contents: list[str], spec: ActionSpec, overshoot: str) -> Action:
+def _query_action(name: str, contents: list[str], spec: ActionSpec, overshoot: str,
+                  think: str | None = None) -> Action:
     if spec.multi_query:
         raw = [q for c in contents for q in split_queries(c, spec.separators)]
     else:
@@ -233,7 +232,7 @@ def _query_action(name: str, contents: list[str], spec: ActionSpec, overshoot: s
     if not queries:
         return _invalid(f"empty query in <{name}>…</{name}>.", overshoot)
     kept, dropped = queries[: spec.max_queries], queries[spec.max_queries :]
-    return Action(name, queries=tuple(kept), dropped=tuple(dropped), overshoot=overshoot)
+    return Action(name, queries=tuple(kept), dropped=tuple(dropped), overshoot=overshoot, think=think)
 
 
 def _invalid(error: str, overshoot: str) -> Action:

@@ -9,16 +9,8 @@ the speed differs, and the note says which one ran.
 from __future__ import annotations
 
 import os
-import sys
 
-_NOTED: set[str] = set()
-
-
-def note_once(key: str, message: str) -> None:
-    """Print `message` to stderr the first time `key` is seen in this process."""
-    if key not in _NOTED:
-        _NOTED.add(key)
-        print(message, file=sys.stderr, flush=True)
+from ragrl.progress import note_once
 
 
 def faiss_gpu_count() -> int:

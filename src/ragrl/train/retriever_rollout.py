@@ -23,6 +23,7 @@ from ragrl.agent.environments import SearchEnvironment
 from ragrl.agent.protocol import Action
 from ragrl.errors import InputError
 from ragrl.retrieval.query_state import INSTRUCT_TEMPLATE, Hop, default_instruction, encoder_input, retrieval_state
+from ragrl.settings import HOP_ANSWERS
 from ragrl.train.retriever_grpo import Trajectory
 from ragrl.train.retriever_policy import RetrievalStep, retrieve
 
@@ -42,8 +43,8 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         # Not `self.instruction`: the rollout engine reads an environment's `instruction` as the
         # generator's prompt, and this is the query encoder's.
         self.query_instruction = default_instruction(use_history) if instruction is None else instruction
-        if hop_answer not in ("think", "none"):
-            raise InputError(f"hop_answer must be 'think' or 'none', got {hop_answer!r}")
+        if hop_answer not in HOP_ANSWERS:
+            raise InputError(f"hop_answer must be one of {HOP_ANSWERS}, got {hop_answer!r}")
         self.template, self.stochastic, self.hop_answer = template, stochastic, hop_answer
         self.generator = torch.Generator().manual_seed(seed)
         self.questions: dict[str, str] = {}

@@ -23,8 +23,6 @@ checkpoint every `checkpoint_every` steps.
 
 from __future__ import annotations
 
-import functools
-
 import json
 import math
 import os
@@ -40,6 +38,7 @@ import numpy as np
 import torch
 
 from ragrl.errors import InputError
+from ragrl.progress import note_once
 from ragrl.settings import ALGORITHMS, RLConfig  # noqa: F401  (re-exported)
 from ragrl.train import advantages as adv_lib
 from ragrl.train import checkpoint as ckpt
@@ -335,17 +334,12 @@ def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module
     return hidden[:, :-1]
 
 
-@functools.lru_cache(maxsize=8)
-def _note_unchunked_once(kind: str) -> None:
-    print(f"[rl] rl.logprob_chunk_tokens is set, but the LM head of this {kind} cannot be applied outside "
-          "its forward (ZeRO-3 partitions it, or it is not a plain Linear): every micro-batch materialises "
-          "its whole [batch, response, vocabulary] logits; lower rl.micro_batch_size if memory runs out",
-          flush=True)
-
-
 def _note_unchunked(model) -> None:
-    # Said once per kind of model, not once per micro-batch: a log of thousands of steps stays readable.
-    _note_unchunked_once(type(getattr(model, "module", model)).__name__)
+    kind = type(getattr(model, "module", model)).__name__
+    note_once(f"unchunked:{kind}", f"[rl] rl.logprob_chunk_tokens is set, but the LM head of this {kind} cannot be "
+              "applied outside its forward (ZeRO-3 partitions it, or it is not a plain Linear): every micro-batch "
+              "materialises its whole [batch, response, vocabulary] logits; lower rl.micro_batch_size if memory "
+              "runs out")
 
 
 def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float, chunk_tokens: int,
