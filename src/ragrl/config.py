@@ -6,10 +6,15 @@ need the key. Standard library + jsonschema + yaml only: the Snakefile imports t
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import jsonschema
 import yaml
+
+# libyaml's loader when PyYAML was built with it: the pure-Python one took ~0.7 s for the schema, and
+# every `snakemake` start reads it twice (the key-named errors and ragrl.workflow's checks).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 # Where an entry set to null removes the default's entry: () is the top level (`harr: null`).
@@ -37,10 +42,15 @@ def _key(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
 
+@lru_cache(maxsize=4)
+def _validator(schema_path: Path, mtime_ns: int) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(yaml.load(schema_path.read_text(), Loader=_LOADER))
+
+
 def config_errors(config: dict, schema_path: str | Path) -> list[str]:
     """Every schema violation in `config`, one line each, as `config key 'a.b': message`."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    validator = jsonschema.Draft202012Validator(schema)
+    path = Path(schema_path).resolve()
+    validator = _validator(path, path.stat().st_mtime_ns)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     lines = []
     for err in errors:

@@ -283,7 +283,10 @@ def test_rl_steps_log_the_same_records_chunked(model_dir, tmp_path, monkeypatch)
     assert len(full) == len(chunked) == 2
     for want, got in zip(full, chunked):
         assert want["response_length"] == got["response_length"]  # the same rollouts
+        # abs 1e-5: step 2's loss is a near-cancelling sum (-4.3e-4 from terms of ~0.1), and the
+        # chunked reduction order after one update at lr 1e-2 moved it by 1.3e-6 in a CI run; a
+        # misaligned chunk or a dropped token moves it by the loss's own size.
         for key in ("loss", "kl", "grad_norm", "entropy", "clip_frac", "reward_mean"):
-            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (want["step"], key)
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-5), (want["step"], key)
     assert full[0]["grad_norm"] > 1e-3 and full[0]["loss"] != 0.0  # real updates were compared
     assert full[1]["kl"] > 1e-4
