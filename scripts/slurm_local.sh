@@ -78,7 +78,9 @@ make_fake_gpus() {
 
 write_config() {
     local cpus mem_mb
-    cpus=$(nproc)
+    # nproc honours OMP_NUM_THREADS: with it set to 1 the node had one CPU and every 2-thread job
+    # (tiny_model, embed_shard) pended forever ("PartitionConfig").
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
     # Leave headroom for the OS: slurmd drains a node whose RealMemory exceeds what it finds.
     mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.85}' /proc/meminfo)
     mkdir -p "$CONF_DIR" "$STATE/ctld" "$STATE/d" "$STATE/log"

@@ -88,7 +88,9 @@ def _one_hop(qa, out):
 
 
 def _ragrl(work, *args):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    # One torch thread, as Snakemake gives the rules' own jobs (threads: 1): beside two other xdist
+    # workers on 2 cores, torch's default two threads took this test 373 s in `make test`, one 181 s.
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "ragrl", *args], cwd=work, capture_output=True, text=True, env=env,
                           timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
