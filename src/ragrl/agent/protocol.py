@@ -217,8 +217,7 @@ def _no_action_error(kept: str) -> str:
     return "no action found."
 
 
-def _query_action(name: str, contents: list[str], spec: ActionSpec, overshoot: str,
-                  think: str | None = None) -> Action:
+def _query_action(name: str, contents: list[str], spec: ActionSpec, overshoot: str, think: str | None) -> Action:
     if spec.multi_query:
         raw = [q for c in contents for q in split_queries(c, spec.separators)]
     else:
