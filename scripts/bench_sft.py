@@ -1,4 +1,4 @@
-"""SFT throughput, A against B for one SFT setting: `group_by_length` or `fused_lm_head`.
+"""SFT throughput, A against B for one SFT setting: `group_by_length`, `fused_lm_head` or `padding_free`.
 
     python scripts/bench_sft.py --compare fused_lm_head --data results/sft_data/search_r1.parquet \
         --model results/models/pretrained --steps 20 --batch-size 8 --rounds 2
@@ -8,7 +8,7 @@ Trains the same model on the same rows for `--steps` steps with the setting off 
 alternating the order per round (benchlib.alternating_rounds), on one thread as the workflow's SFT
 jobs run. The figure is trained (non-padding) tokens per second, TRL's logged `num_tokens` over
 the wall time: grouped batches start with other rows than random ones, so steps are not
-comparable, while with the same batches (`fused_lm_head`) it is the step-time ratio. Also reported:
+comparable, while with the same batches (`fused_lm_head`, `padding_free`) it is the step-time ratio. Also reported:
 each mode's share of an epoch's batch tokens that are padding, and its training loss (the two
 losses of `fused_lm_head` must agree; `same_loss` says whether they did). JSON to `--out`
 (default stdout), a progress line per run to stderr.
@@ -27,7 +27,7 @@ from benchlib import add_ab_arguments, alternating_rounds, emit_json
 
 from ragrl.train.sft import SFTArgs, build_trainer
 
-SETTINGS = ("group_by_length", "fused_lm_head")
+SETTINGS = ("group_by_length", "fused_lm_head", "padding_free")
 
 
 def padding_share(trainer) -> float:
@@ -46,7 +46,7 @@ def padding_share(trainer) -> float:
 def run(setting: str, on: bool, args, work: Path) -> dict:
     sft = SFTArgs(max_steps=args.steps, batch_size=args.batch_size, lr=1e-3, log_every=10 ** 6, **{setting: on})
     trainer = build_trainer(args.model, args.data, work / str(on), sft)
-    share = padding_share(trainer)
+    share = 0.0 if trainer.args.padding_free else padding_share(trainer)
     start = time.perf_counter()
     result = trainer.train()
     wall = time.perf_counter() - start

@@ -323,6 +323,38 @@ def test_full_logits_loss_matches_trl_fused_head(tiny, gold_parquet, tmp_path):
     assert halved == pytest.approx(loss_a / 2, rel=1e-5)
 
 
+@pytest.mark.parametrize("fused", [None, True], ids=["auto-full-logits", "trl-fused"])
+def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_path, fused):
+    # One unpadded row per batch must be the same batch to the model: every sequence attends only to
+    # itself (a leak across the join would change the loss), no target crosses a join, and the
+    # logged token count is the real tokens'.
+    padded = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "p",
+                           SFTArgs(max_steps=1, batch_size=4, fused_lm_head=fused))
+    joined = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "j",
+                           SFTArgs(max_steps=1, batch_size=4, fused_lm_head=fused, padding_free=True))
+    rows = [padded.train_dataset[i] for i in range(4)]
+    lengths = [len(r["input_ids"]) for r in rows]
+    assert len(set(lengths)) > 1  # uneven rows, or padding would be nothing to remove
+    batches = [padded.data_collator(rows), joined.data_collator(rows)]
+    assert batches[1]["input_ids"].shape == (1, sum(lengths)) and "attention_mask" not in batches[1]
+    results = []
+    for trainer, batch in zip((padded, joined), batches):
+        model = trainer.model.train()
+        model.zero_grad()
+        loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=None)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((loss.item(), grads, {k: v[-1] for k, v in trainer._metrics["train"].items()}))
+    (loss_p, grads_p, metrics_p), (loss_j, grads_j, metrics_j) = results
+    assert loss_j == pytest.approx(loss_p, rel=1e-5)
+    for name in grads_p:
+        torch.testing.assert_close(grads_j[name], grads_p[name], rtol=1e-4, atol=1e-6, msg=name)
+    for key in ("entropy", "mean_token_accuracy"):
+        assert metrics_j[key] == pytest.approx(metrics_p[key], rel=1e-4), key
+    if fused is None:  # ours counts the row's tokens; TRL's fused path counts its own way
+        assert metrics_j["num_tokens"] == metrics_p["num_tokens"] == sum(lengths)
+
+
 def _epoch_padding(trainer) -> tuple[list[int], int]:
     """Row ids in the order one epoch's batches visit them, and the padding tokens those batches carry."""
     order, pad = [], 0

@@ -9,7 +9,7 @@ with the defaults `assistant_only_loss=False` (that flag means "render a convers
 with the chat template's generation markers", and TRL rejects it for non-conversational data) and
 `completion_only_loss=False` (nothing here is a prompt/completion pair). `max_length=None`, since
 TRL's default (1024) would silently truncate multi-turn trajectories; `packing=False`, so a
-sequence is never split.
+sequence is never split (`padding_free` joins a batch's sequences into one row, each whole).
 
 Output (`out_dir`, written atomically): the full model (safetensors) and tokenizer, or with LoRA
 the adapter (`adapter_config.json`, `adapter_model.safetensors`) and tokenizer, plus
@@ -78,7 +78,7 @@ def sft_config(args: SFTArgs, output_dir: str | Path):
         completion_only_loss=False,
         max_length=args.max_length,
         packing=False,
-        padding_free=False,
+        padding_free=args.padding_free,
         logging_steps=args.log_every,
         logging_first_step=True,
         # A log file is not a terminal: tqdm's carriage returns would pile up into one huge line.
@@ -133,8 +133,10 @@ def _full_logits_trainer_class():
                 correct = gather((logp.argmax(-1) == target).sum()).sum()
                 self._metrics[mode]["entropy"].append((entropy / n).item() if n > 0 else 0.0)
                 self._metrics[mode]["mean_token_accuracy"].append((correct / n).item() if n > 0 else 0.0)
-                if mode == "train":  # sft_config never packs, so every batch has its attention mask
-                    self._total_train_tokens += gather(inputs["attention_mask"].sum()).sum().item()
+                if mode == "train":  # a padding-free row has no padding and no attention mask
+                    mask = inputs.get("attention_mask")
+                    tokens = mask.sum() if mask is not None else torch.tensor(inputs["input_ids"].numel())
+                    self._total_train_tokens += gather(tokens).sum().item()
                 self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
             return (loss, outputs) if return_outputs else loss
 
