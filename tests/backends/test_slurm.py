@@ -176,6 +176,9 @@ def test_dag_runs_through_slurm(cluster, tmp_path, monkeypatch):
     # local cluster's non-default partition, so a job lands there only if the value got through.
     monkeypatch.setenv("SLURM_PARTITION", "gpu")
     monkeypatch.setenv("SLURM_ACCOUNT", "")
+    # On a cluster each job is its own process under slurmd (no fork server: make test's would
+    # be reachable here through sbatch --export=ALL).
+    monkeypatch.delenv("RAGRL_FORKSERVER", raising=False)
     first_id = _max_job_id()
     killer = _CancelFirstAttempt("embed_shard", first_id)
     killer.start()

@@ -17,6 +17,7 @@ import traceback
 
 from ragrl.cli import agent, data, harr, kg, models, results, retrieval
 from ragrl.errors import RagrlError
+from ragrl.jobenv import with_log_defaults
 
 # In the order `ragrl --help` has always listed the commands (retrieval's checks after the KG's).
 _GROUPS = (data.register, retrieval.register_indexes, kg.register, retrieval.register_checks, agent.register,
@@ -34,10 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quiet_library_progress_bars() -> None:
-    # transformers/hub draw tqdm bars with carriage returns; in a log file they are noise.
-    if not sys.stderr.isatty():
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.update(with_log_defaults(dict(os.environ), sys.stderr.isatty()))
 
 
 def _end_logs_with_newline() -> None:
