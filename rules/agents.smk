@@ -2,12 +2,6 @@
 # (gold, teacher or imported) → SFT → merge → RL → merge → evaluation of every run (base,
 # no-retrieval, SFT, SFT+RL) on its evaluation datasets. What a recipe's environment reads comes
 # from its method's input kinds: a retriever's indexes, the KG its dataset names in config.
-#
-# The training chain (sft_data → sft → merge → rl → merge) goes before other ready jobs
-# (`priority`): it is the DAG's longest path, and on a few cores the evaluations and HARR jobs
-# scheduled ahead of it left its last RL job running alone at the end (fresh-clone make run,
-# 2026-11-28: rag_r1's RL started 8 min after its SFT ended, 3.5 min with one job running).
-TRAINING_PRIORITY = 10
 
 
 rule sft_data:
@@ -30,7 +24,6 @@ rule sft_data:
         server="logs/sft_data/{recipe}.server.log",
     benchmark:
         "benchmarks/sft_data/{recipe}.tsv"
-    priority: TRAINING_PRIORITY
     threads: rule_threads("sft_data")
     resources:
         **rule_resources("sft_data"),
@@ -55,7 +48,6 @@ rule sft:
         "logs/sft/{recipe}.log",
     benchmark:
         "benchmarks/sft/{recipe}.tsv"
-    priority: TRAINING_PRIORITY
     threads: rule_threads("sft")
     resources:
         **rule_resources("sft"),
@@ -78,7 +70,6 @@ rule merge_sft:
         "logs/merge/{recipe}_sft.log",
     benchmark:
         "benchmarks/merge/{recipe}_sft.tsv"
-    priority: TRAINING_PRIORITY
     threads: rule_threads("merge")
     resources:
         **rule_resources("merge"),
@@ -108,7 +99,6 @@ rule rl:
         "logs/rl/{recipe}.log",
     benchmark:
         "benchmarks/rl/{recipe}.tsv"
-    priority: TRAINING_PRIORITY
     threads: rule_threads("rl")
     resources:
         **rule_resources("rl"),
@@ -133,7 +123,6 @@ rule merge_rl:
         "logs/merge/{recipe}_rl.log",
     benchmark:
         "benchmarks/merge/{recipe}_rl.tsv"
-    priority: TRAINING_PRIORITY
     threads: rule_threads("merge")
     resources:
         **rule_resources("merge"),
