@@ -2,7 +2,7 @@
 
 Why: a job that loads the policy spends ~6-8 s of CPU importing torch and transformers (whose
 Qwen2 module pulls in torch.distributed.tensor, dynamo and scipy) before it does anything. The
-embedded default runs ~80 such processes (jobs and the servers they start), so on 2 cores import
+embedded default's DAG runs 127 jobs (and servers some of them start), so on 2 cores import
 alone was minutes of the DAG and of `make test`. The server imports those libraries once; each job
 is a fork of it, and starts with them loaded.
 
@@ -19,9 +19,9 @@ TORCH*, PYTHON*, ...) differing from the server's.
 
 What differs from a fresh process, by design: the job's process is not a descendant of the shell
 that ran it, so Snakemake's `benchmark:` files (and the `jobs` table) count only the client's
-CPU time and memory, not the job's (run without the server to measure jobs); a job gets the
-server's PYTHONHASHSEED-independent module state as imported (nothing is executed in the server
-beyond imports). Thread counts are taken from the job's OMP_NUM_THREADS, as a fresh process would.
+CPU time and memory, not the job's (run without the server to measure jobs); a job finds the
+preloaded modules in the state their import left them (the server runs nothing else), and the hash
+seed of `str` is the server's. Thread counts are taken from the job's OMP_NUM_THREADS, as a fresh process would.
 
 Standard library only: the client path must stay as cheap as a bare `python` start.
 """
@@ -142,12 +142,7 @@ def run_via_server(argv: list[str]) -> int | None:
 
     for signum in _FORWARDED:
         signal.signal(signum, forward)
-    while True:
-        try:
-            reply, _ = _recv(sock)
-            break
-        except InterruptedError:
-            continue
+    reply, _ = _recv(sock)  # a forwarded signal interrupts the wait; Python resumes it (PEP 475)
     sock.close()
     if reply is None:
         print(f"ragrl: the fork server ({path}) went away while running the job", file=sys.stderr)
@@ -223,11 +218,10 @@ class _Job:
 
 
 def _set_threads(env) -> None:
-    try:
-        n = int(env.get("OMP_NUM_THREADS") or 0)
-    except ValueError:  # e.g. a nested-parallelism list: the first level, as OpenMP reads it
-        n = int(env["OMP_NUM_THREADS"].split(",")[0]) if env["OMP_NUM_THREADS"].split(",")[0].isdigit() else 0
-    n = n or len(os.sched_getaffinity(0))
+    # The first level of a nested-parallelism list ("2,1"), as OpenMP reads it; unset or unreadable:
+    # every CPU this process may use, torch's own default.
+    first = (env.get("OMP_NUM_THREADS") or "").split(",")[0].strip()
+    n = int(first) if first.isdigit() and int(first) > 0 else len(os.sched_getaffinity(0))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
     if "faiss" in sys.modules:
@@ -243,11 +237,21 @@ def _reseed() -> None:
         sys.modules["numpy"].random.seed()
 
 
-def _decline_reason(request: dict, stderr_is_tty: bool) -> str | None:
+# What a request must hold, and of which type: the child reads every one of them.
+_REQUEST = {"argv": list, "argv0": str, "cwd": str, "env": dict, "path": list, "umask": int,
+            "executable": str, "prefix": str}
+
+
+def _decline_reason(request, fds: list[int]) -> str | None:
+    if not isinstance(request, dict) or len(fds) != 3 or any(
+            not isinstance(request.get(k), t) for k, t in _REQUEST.items()):
+        return "malformed request"
+    if not all(isinstance(a, str) for a in request["argv"]):
+        return "malformed request"
     if {k: request.get(k) for k in ("executable", "prefix")} != _identity():
         return "another interpreter"
     # Compared as the CLI will leave it, before anything is imported (ragrl.jobenv).
-    theirs = _import_env(with_log_defaults(dict(request.get("env", {})), stderr_is_tty))
+    theirs = _import_env(with_log_defaults(dict(request["env"]), os.isatty(fds[2])))
     ours = _import_env(dict(os.environ))
     differ = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
     if differ:
@@ -286,7 +290,7 @@ def serve(path: str | Path, preload: tuple[str, ...] = PRELOAD, ready_fd: int | 
     children: dict[int, socket.socket] = {}  # pid -> the client's connection
     dropped: set[int] = set()  # children whose client went away (killed, not yet reaped)
     started = time.monotonic()
-    served = [0]
+    served = 0
     try:
         # Ends with its parent (`wrap`, killed with -9 with the run): an orphaned server would
         # otherwise listen, and keep its jobs' processes, until the machine restarts.
@@ -298,7 +302,9 @@ def serve(path: str | Path, preload: tuple[str, ...] = PRELOAD, ready_fd: int | 
                 continue
             for sock in readable:
                 if sock is listener:
-                    job = _accept(listener, children, served)
+                    before = len(children)
+                    job = _accept(listener, children)
+                    served += len(children) - before
                     if job is not None:  # the child
                         listener.close()
                         for other in children.values():
@@ -316,25 +322,27 @@ def serve(path: str | Path, preload: tuple[str, ...] = PRELOAD, ready_fd: int | 
                 _kill_group(pid, signal.SIGTERM)
             listener.close()
             Path(path).unlink(missing_ok=True)
-            print(f"[forkserver] stopped after {served[0]} jobs in {time.monotonic() - started:.0f} s",
+            print(f"[forkserver] stopped after {served} jobs in {time.monotonic() - started:.0f} s",
                   file=sys.stderr, flush=True)
     return None
 
 
-def _accept(listener: socket.socket, children: dict[int, socket.socket], served: list[int]) -> _Job | None:
+def _accept(listener: socket.socket, children: dict[int, socket.socket]) -> _Job | None:
     conn, _ = listener.accept()
     conn.settimeout(10)  # a client that stalls mid-request must not stall the server
-    fds: list[int] = []
+    request, fds, reason = None, [], None
     try:
         request, fds = _recv(conn, with_fds=True)
-        reason = ("malformed request" if not isinstance(request, dict) or len(fds) != 3
-                  else _decline_reason(request, os.isatty(fds[2])))
-        if reason:
-            print(f"[forkserver] declined ({reason}): ragrl {' '.join(request.get('argv', []))[:200]}"
-                  if isinstance(request, dict) else f"[forkserver] declined: {reason}", file=sys.stderr, flush=True)
+        reason = _decline_reason(request, fds)
+    except (OSError, ValueError):  # _recv has closed the descriptors it received
+        reason = "unreadable request"
+    if reason:
+        shown = " ".join(request["argv"])[:200] if reason != "malformed request" and request else ""
+        print(f"[forkserver] declined ({reason}): ragrl {shown}", file=sys.stderr, flush=True)
+        try:
             _send(conn, {"declined": reason})
-            raise OSError(reason)
-    except (OSError, ValueError, KeyError, TypeError):
+        except OSError:
+            pass
         conn.close()
         for fd in fds:
             os.close(fd)
@@ -350,7 +358,6 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket], served:
     for fd in fds:
         os.close(fd)
     children[pid] = conn
-    served[0] += 1
     print(f"[forkserver] job {pid}: ragrl {' '.join(request['argv'])[:300]} (cwd {request['cwd']})",
           file=sys.stderr, flush=True)
     try:

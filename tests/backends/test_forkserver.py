@@ -33,8 +33,7 @@ def server(tmp_path_factory):
     code = ("import sys; from ragrl import forkserver; "
             f"job = forkserver.serve({str(path)!r}, preload={PRELOAD!r}); "
             "job is None or job.exit(job.run())")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=log,
-                            env={k: v for k, v in os.environ.items() if k != forkserver.ENV})
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=log, env=_env())
     deadline = time.monotonic() + 60
     while not path.exists():
         assert proc.poll() is None and time.monotonic() < deadline, (root / "server.log").read_text()
@@ -45,11 +44,16 @@ def server(tmp_path_factory):
     log.close()
 
 
-def _ragrl(args, cwd, sock=None, env_extra=None, **kw):
+def _env(sock=None, **extra) -> dict[str, str]:
+    """This process's environment, pointing at `sock` (or at no server)."""
     env = {k: v for k, v in os.environ.items() if k != forkserver.ENV}
     if sock is not None:
         env[forkserver.ENV] = str(sock)
-    env.update(env_extra or {})
+    return {**env, **extra}
+
+
+def _ragrl(args, cwd, sock=None, env_extra=None, **kw):
+    env = _env(sock, **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "ragrl", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120, **kw)
 
@@ -79,11 +83,11 @@ def test_a_job_through_the_server_equals_the_same_job_run_directly(server, tmp_p
     assert via.returncode == direct.returncode == 2
     assert via.stdout == direct.stdout and via.stderr == direct.stderr
     assert "missing_dir" in via.stderr
-    # A crash (not a user error) exits 1 with its traceback, as Python does.
-    crash = _ragrl(["query", "--db", str(tmp_path), "select 1"], tmp_path, sock)
-    crash_direct = _ragrl(["query", "--db", str(tmp_path), "select 1"], tmp_path)
-    assert crash.returncode == crash_direct.returncode != 0
-    assert crash.stderr.splitlines()[-1] == crash_direct.stderr.splitlines()[-1]
+    # A command that echoes itself on stderr rather than stdout ends the same way too.
+    query = _ragrl(["query", "--db", str(tmp_path), "select 1"], tmp_path, sock)
+    query_direct = _ragrl(["query", "--db", str(tmp_path), "select 1"], tmp_path)
+    assert query.returncode == query_direct.returncode == 2
+    assert (query.stdout, query.stderr) == (query_direct.stdout, query_direct.stderr)
 
 
 def _tree(root):
@@ -96,13 +100,10 @@ def test_a_stage_writes_the_same_files_through_the_server(server, tmp_path):
     before = _served(log, 0)
     runs = {}
     for name, via in (("via", sock), ("direct", None)):
-        env = {k: v for k, v in os.environ.items() if k != forkserver.ENV}
-        if via is not None:
-            env[forkserver.ENV] = str(via)
         (tmp_path / name).mkdir()
         # The client's umask governs the job's files, as it would a fresh process's.
         out = subprocess.run(f"umask 077 && {sys.executable} -m ragrl world --seed 3 --size tiny --out w",
-                             shell=True, cwd=tmp_path / name, env=env, capture_output=True, text=True, timeout=300)
+                             shell=True, cwd=tmp_path / name, env=_env(via), capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         runs[name] = _tree(tmp_path / name / "w")
     assert _served(log, before) == 1
@@ -127,6 +128,8 @@ def test_the_job_sees_the_clients_environment_and_threads(server, tmp_path):
     try:
         forkserver._set_threads({"OMP_NUM_THREADS": "1"})
         assert torch.get_num_threads() == 1
+        forkserver._set_threads({"OMP_NUM_THREADS": "2,1"})  # nested: the first level
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
 
@@ -161,22 +164,32 @@ def _port_closed(port: int, timeout: float = 20) -> bool:
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-def test_stopping_the_client_stops_the_job(server, tmp_path, how):
-    sock, log, _ = server
-    kg = _kg(tmp_path)
+def _start_and_stop(tmp_path, signum, sock=None, log=None) -> tuple[int, int]:
+    """A KG server job started through `sock` (or directly), stopped with `signum` once it serves:
+    (its exit status, the jobs the server forked meanwhile)."""
     port = _free_port()
-    before = _served(log, 0)
-    env = {**os.environ, forkserver.ENV: str(sock)}
-    proc = subprocess.Popen([sys.executable, "-m", "ragrl", "serve-kg", "--kg", str(kg), "--port", str(port)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    before = _served(log, 0) if log else 0
+    proc = subprocess.Popen([sys.executable, "-m", "ragrl", "serve-kg", "--kg", str(_kg(tmp_path)), "--port",
+                             str(port)], cwd=tmp_path, env=_env(sock), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _wait_up(port, proc)
-    assert _served(log, before) == 1  # the server runs it, in a process that is not the client
-    proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+    served = _served(log, before) if log else 0
+    proc.send_signal(signum)
     code = proc.wait(timeout=30)
-    # SIGTERM is forwarded and the client ends as the job did; SIGKILL drops the connection and
-    # the server kills the job.
-    assert code == (-signal.SIGKILL if how == "sigkill" else code)
     assert _port_closed(port), "the job outlived its client"
+    return code, served
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_stopping_the_client_stops_the_job(server, tmp_path, signum):
+    sock, log, _ = server
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code, served = _start_and_stop(tmp_path / "a", signum, sock, log)
+    assert served == 1  # the server ran it, in a process that is not the client
+    # SIGTERM is forwarded and the client ends as the job ended; SIGKILL ends the client, drops the
+    # connection, and the server kills the job: either way the status a fresh process gives.
+    direct, _ = _start_and_stop(tmp_path / "b", signum)
+    assert code == direct
 
 
 def test_what_the_server_cannot_stand_in_for_runs_in_the_client(server, tmp_path):
@@ -201,6 +214,16 @@ def test_a_malformed_request_is_refused_and_the_server_serves_on(server, tmp_pat
             s.settimeout(15)
             answer = b"".join(iter(lambda: s.recv(4096), b""))  # until the server closes it
             assert b'"pid"' not in answer  # no job; at most a "declined"
+    # A request from this interpreter, with descriptors and the server's environment, but no argv:
+    # the server must refuse it, not fail on reading it.
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(sock))
+        partial = {"cwd": str(tmp_path), "env": _env(), "path": sys.path, "umask": 0o022, "argv0": "x",
+                   "executable": os.path.realpath(sys.executable), "prefix": sys.prefix}
+        forkserver._send(s, partial, fds=[0, 1, 2])
+        s.settimeout(15)
+        answer = b"".join(iter(lambda: s.recv(4096), b""))
+        assert b"malformed request" in answer
     ok = _ragrl(["serve-kg", "--kg", "missing_dir", "--port", "0"], tmp_path, sock)
     assert ok.returncode == 2 and proc.poll() is None
 
@@ -220,7 +243,7 @@ def test_wrap_serves_the_command_and_the_server_ends_with_its_parent(tmp_path):
     cmd = f'echo "${forkserver.ENV}" > {tmp_path}/env.txt; echo $$ > {pidfile}; exec sleep 300'
     wrap = subprocess.Popen([sys.executable, "-m", "ragrl.forkserver", "wrap", "--log", str(log),
                              "--preload", ",".join(PRELOAD), "--",
-                             "sh", "-c", cmd], env={k: v for k, v in os.environ.items() if k != forkserver.ENV})
+                             "sh", "-c", cmd], env=_env())
     deadline = time.monotonic() + 120
     while not pidfile.exists() or not pidfile.read_text().strip():
         assert wrap.poll() is None and time.monotonic() < deadline, log.read_text()
