@@ -78,7 +78,8 @@ def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> N
     if fds:
         sent = sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         payload = payload[sent:]
-    sock.sendall(payload)
+    if payload:  # sending nothing fails (EPIPE) once the server has answered and closed
+        sock.sendall(payload)
 
 
 def _recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, list[int]]:
