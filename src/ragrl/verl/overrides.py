@@ -25,6 +25,10 @@ cannot honour are refused with the reason instead of being dropped silently:
     seed                     data.seed
     temperature              actor_rollout_ref.rollout.temperature (= recipes.X.rollout.temperature)
     turn_advantage_weight    must be 0: verl's GRPO has one advantage per sequence -> refused
+    filter_tied_groups       must be false: main_ppo keeps a tied group in the batch (its advantages
+                             are 0 but it still counts in the loss's mean); verl's DAPO filter
+                             (algorithm.filter_groups, v1 trainer) evicts and regenerates groups,
+                             another recipe -> refused
     mixed_precision          not mapped: verl's FSDP runs bf16 compute by default
     logprob_chunk_tokens     not mapped: a memory setting of the local trainer's log-prob passes;
                              verl sizes its own
@@ -105,6 +109,9 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
     if cfg.turn_advantage_weight:
         problems.append("turn_advantage_weight != 0: verl's GRPO has one advantage per sequence "
                         "(turn-level advantages need the local backend)")
+    if cfg.filter_tied_groups:
+        problems.append("filter_tied_groups: verl's main_ppo has no such filter (tied groups stay in the "
+                        "loss's mean; DAPO's algorithm.filter_groups regenerates them instead): set it false")
     if cfg.batch_prompts % cfg.num_mini_batches:
         problems.append(f"batch_prompts {cfg.batch_prompts} is not divisible by num_mini_batches {cfg.num_mini_batches}")
     if n_prompts < cfg.batch_prompts:
