@@ -60,6 +60,13 @@ def run(cmd: list[str], log: Path, cwd: Path) -> None:
         raise SystemExit(f"{' '.join(cmd[:4])} failed (rc {proc.returncode}); see {log}")
 
 
+def distinct_per_search(predictions) -> float | None:
+    """Distinct queries per search, averaged over the questions that searched (RAG-R1's parallel
+    queries: one search of "A? | B?" counts 2, a repeated query once)."""
+    pairs = [(len(set(q)), s) for q, s in zip(predictions["queries"].to_list(), predictions["searches"].to_list()) if s]
+    return sum(d / s for d, s in pairs) / len(pairs) if pairs else None
+
+
 def paired_summary(sft: Path, rl: Path, train_log: Path, metric: str = "em") -> dict:
     import polars as pl
 
@@ -75,7 +82,8 @@ def paired_summary(sft: Path, rl: Path, train_log: Path, metric: str = "em") -> 
         diff, low, high = paired_bootstrap(y[metric].to_list(), x[metric].to_list())
         out[label] = {"n": len(x), "metric": metric, "sft_mean": x[metric].mean(), "rl_mean": y[metric].mean(),
                       "diff": {"diff": diff, "low": low, "high": high},
-                      "sft_searches": x["searches"].mean(), "rl_searches": y["searches"].mean()}
+                      "sft_searches": x["searches"].mean(), "rl_searches": y["searches"].mean(),
+                      "sft_distinct_per_search": distinct_per_search(x), "rl_distinct_per_search": distinct_per_search(y)}
     steps = [json.loads(line) for line in train_log.read_text().splitlines() if line.strip()]
     rewards = [s["reward_mean"] for s in steps]
     q = max(1, len(rewards) // 4)
@@ -111,7 +119,9 @@ def ablate(args, recipe: dict, results: Path, out: Path) -> None:
             d = row["diff"]
             print(f"{label:11s} n={row['n']:3d} {row['metric']} {row['sft_mean']:.3f} -> {row['rl_mean']:.3f} "
                   f"diff {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
-                  f"searches {row['sft_searches']:.2f} -> {row['rl_searches']:.2f}")
+                  f"searches {row['sft_searches']:.2f} -> {row['rl_searches']:.2f}"
+                  + (f" distinct/search {row['sft_distinct_per_search']:.2f} -> {row['rl_distinct_per_search']:.2f}"
+                     if row["rl_distinct_per_search"] is not None and row["sft_distinct_per_search"] is not None else ""))
     t = summary["train"]
     print(f"train reward {t['reward_first_quarter']:.3f} -> {t['reward_last_quarter']:.3f} over {t['steps']} steps, "
           f"final kl {t['final_kl']}, {t['step_time_s']:.1f} s/step")
