@@ -83,12 +83,15 @@ def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> N
 
 
 def _recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, list[int]]:
-    """One message (None at end of stream) and the descriptors that came with it."""
+    """One message (None at end of stream) and the descriptors that came with it.
+
+    Never reads past the message: a job that ends at once has its pid and its status queued
+    together, and the status must still be there for the next call."""
     fds: list[int] = []
     buf = b""
     if with_fds:
         item = array.array("i").itemsize
-        buf, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(3 * item))
+        buf, ancillary, _, _ = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(3 * item))
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", data[: len(data) - len(data) % item]))
@@ -100,11 +103,12 @@ def _recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, lis
                 if size > _MAX_MESSAGE:
                     raise ValueError(f"message of {size} bytes")
                 continue
-            chunk = sock.recv(65536)
+            wanted = _HEADER.size if size is None else _HEADER.size + size
+            chunk = sock.recv(min(65536, wanted - len(buf)))
             if not chunk:
                 return None, fds
             buf += chunk
-        return json.loads(buf[_HEADER.size:_HEADER.size + size]), fds
+        return json.loads(buf[_HEADER.size:]), fds
     except (OSError, ValueError):
         for fd in fds:  # a failed request's descriptors are never used
             os.close(fd)
@@ -359,12 +363,12 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket]) -> _Job
     for fd in fds:
         os.close(fd)
     children[pid] = conn
-    print(f"[forkserver] job {pid}: ragrl {' '.join(request['argv'])[:300]} (cwd {request['cwd']})",
-          file=sys.stderr, flush=True)
-    try:
+    try:  # the pid first: a client without it takes the job for declined and runs it itself
         _send(conn, {"pid": pid})
     except OSError:
         _kill_group(pid, signal.SIGKILL)
+    print(f"[forkserver] job {pid}: ragrl {' '.join(request['argv'])[:300]} (cwd {request['cwd']})",
+          file=sys.stderr, flush=True)
     return None
 
 
