@@ -117,11 +117,11 @@ def ablate(args, recipe: dict, results: Path, out: Path) -> None:
     for label, row in summary.items():
         if isinstance(row, dict) and "diff" in row:
             d = row["diff"]
+            sft_q, rl_q = row["sft_distinct_per_search"], row["rl_distinct_per_search"]
+            distinct = f" distinct/search {sft_q:.2f} -> {rl_q:.2f}" if None not in (sft_q, rl_q) else ""
             print(f"{label:11s} n={row['n']:3d} {row['metric']} {row['sft_mean']:.3f} -> {row['rl_mean']:.3f} "
                   f"diff {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
-                  f"searches {row['sft_searches']:.2f} -> {row['rl_searches']:.2f}"
-                  + (f" distinct/search {row['sft_distinct_per_search']:.2f} -> {row['rl_distinct_per_search']:.2f}"
-                     if row["rl_distinct_per_search"] is not None and row["sft_distinct_per_search"] is not None else ""))
+                  f"searches {row['sft_searches']:.2f} -> {row['rl_searches']:.2f}{distinct}")
     t = summary["train"]
     print(f"train reward {t['reward_first_quarter']:.3f} -> {t['reward_last_quarter']:.3f} over {t['steps']} steps, "
           f"final kl {t['final_kl']}, {t['step_time_s']:.1f} s/step")

@@ -96,23 +96,28 @@ def _recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, lis
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", data[: len(data) - len(data) % item]))
     try:
-        size = None
-        while size is None or len(buf) < _HEADER.size + size:
-            if size is None and len(buf) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(buf)
-                if size > _MAX_MESSAGE:
-                    raise ValueError(f"message of {size} bytes")
-                continue
-            wanted = _HEADER.size if size is None else _HEADER.size + size
-            chunk = sock.recv(min(65536, wanted - len(buf)))
-            if not chunk:
-                return None, fds
-            buf += chunk
-        return json.loads(buf[_HEADER.size:]), fds
+        header = _read_up_to(sock, buf, _HEADER.size)
+        if header is None:
+            return None, fds
+        (size,) = _HEADER.unpack(header)
+        if size > _MAX_MESSAGE:
+            raise ValueError(f"message of {size} bytes")
+        body = _read_up_to(sock, b"", size)
+        return (None if body is None else json.loads(body)), fds
     except (OSError, ValueError):
         for fd in fds:  # a failed request's descriptors are never used
             os.close(fd)
         raise
+
+
+def _read_up_to(sock: socket.socket, buf: bytes, size: int) -> bytes | None:
+    """`buf` completed to `size` bytes from `sock`; None if the stream ends first."""
+    while len(buf) < size:
+        chunk = sock.recv(min(65536, size - len(buf)))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
 
 
 # ----------------------------------------------------------------------------------------- client
@@ -226,7 +231,7 @@ def _set_threads(env) -> None:
     # The first level of a nested-parallelism list ("2,1"), as OpenMP reads it; unset or unreadable:
     # every CPU this process may use, torch's own default.
     first = (env.get("OMP_NUM_THREADS") or "").split(",")[0].strip()
-    n = int(first) if first.isdigit() and int(first) > 0 else len(os.sched_getaffinity(0))
+    n = (int(first) if first.isdigit() else 0) or len(os.sched_getaffinity(0))
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(n)
     if "faiss" in sys.modules:
@@ -248,10 +253,9 @@ _REQUEST = {"argv": list, "argv0": str, "cwd": str, "env": dict, "path": list, "
 
 
 def _decline_reason(request, fds: list[int]) -> str | None:
-    if not isinstance(request, dict) or len(fds) != 3 or any(
-            not isinstance(request.get(k), t) for k, t in _REQUEST.items()):
-        return "malformed request"
-    if not all(isinstance(a, str) for a in request["argv"]):
+    if (not isinstance(request, dict) or len(fds) != 3
+            or any(not isinstance(request.get(k), t) for k, t in _REQUEST.items())
+            or not all(isinstance(a, str) for a in request["argv"])):
         return "malformed request"
     if {k: request.get(k) for k in ("executable", "prefix")} != _identity():
         return "another interpreter"
