@@ -423,8 +423,10 @@ def test_hf_backend_stops_at_token_ids_per_row(tiny):
     assert hf.generate(prompts, [0, 3], temperature=0)[0] == []
 
 
-def test_hf_backend_stop_strings(tiny):
-    # Multi-token tags (a real tokenizer) stop through transformers' string matcher.
+def test_hf_backend_stop_strings(tiny, monkeypatch):
+    # Multi-token tags (a real tokenizer) stop through transformers' string matcher, i.e. through
+    # `model.generate`, whose sampler draws differently from ragrl's loop: both rows come from it.
+    monkeypatch.setattr(tiny.hf, "own_loop", False)
     tok, hf = tiny.tok, tiny.hf
     prompts = [encode_text(tok, "Where was Ada born?")]
     (row,) = hf.generate(prompts, 16, temperature=1.0, seed=11)
@@ -463,11 +465,110 @@ def test_hf_backend_growing_cache_generates_what_transformers_cache_does(tiny, m
     import ragrl.agent.generation as generation
 
     tok, hf = tiny.tok, tiny.hf
+    monkeypatch.setattr(hf, "own_loop", False)  # the cache as transformers' generate uses it
     prompts = [encode_text(tok, "Where was Ada born?"), encode_text(tok, "Velmar"), encode_text(tok, "In what year was it founded? " * 3)]
     ours = [hf.generate(prompts, 150, temperature=t, seed=7) for t in (0, 1.0)]
     assert max(len(r) for r in ours[1]) > 64  # past the first buffer of max(2 * prompt, 64)
     monkeypatch.setattr(generation, "growing_cache", lambda config: transformers.DynamicCache(config=config))
     assert [hf.generate(prompts, 150, temperature=t, seed=7) for t in (0, 1.0)] == ours
+
+
+def _varied_prompts(tok) -> list[list[int]]:
+    texts = ["Where was Ada born?", "Velmar", "In what year was it founded? " * 4, "Who wrote Letters from Vohend?",
+             "Which is older, Kelmo or Vara? " * 2, "hi"]
+    return [encode_text(tok, t) for t in texts]
+
+
+def test_own_loop_decodes_greedily_what_transformers_generate_does(tiny, monkeypatch):
+    # Rows of different lengths, budgets and stops: rows leave the batch at different steps and the
+    # padding shrinks, which must change no token.
+    tok, hf = tiny.tok, tiny.hf
+    prompts = _varied_prompts(tok)
+    limits = [40, 3, 40, 25, 40, 1]
+    free = hf.generate(prompts, 40, temperature=0)
+    stops = [row[len(row) // 2] for row in free if len(row) > 4][:2]  # two rows stop early
+    ours = hf.generate(prompts, limits, temperature=0, stop_token_ids=stops)
+    assert sorted(map(len, ours)) != sorted(limits)  # some row stopped before its budget
+    monkeypatch.setattr(hf, "own_loop", False)
+    assert ours == hf.generate(prompts, limits, temperature=0, stop_token_ids=stops)
+    assert free == hf.generate(prompts, 40, temperature=0)
+
+
+def test_kept_prefixes_give_what_a_fresh_call_gives_and_skip_the_prefix(tiny, monkeypatch):
+    # Turn 2 of a rollout extends turn 1's sequences; inside keep_prefixes() only the new tokens run.
+    tok, hf = tiny.tok, tiny.hf
+    prompts = _varied_prompts(tok)
+    fed: list[int] = []
+    handle = hf.model.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].numel()), with_kwargs=True)
+    try:
+        with hf.keep_prefixes():
+            first = hf.generate(prompts, [30, 5, 30, 30, 30, 2], temperature=0)
+            extended = [p + out + encode_text(tok, " <information>Velmar is in Oskar.</information>")
+                        for p, out in zip(prompts, first)]
+            fed.clear()
+            second = hf.generate(extended, 20, temperature=0)
+            prefill_kept = fed[0]
+        fed.clear()
+        assert second == hf.generate(extended, 20, temperature=0)  # outside the block: nothing kept
+        prefill_fresh = fed[0]
+    finally:
+        handle.remove()
+    observation = len(encode_text(tok, " <information>Velmar is in Oskar.</information>"))
+    assert prefill_fresh == len(extended) * max(map(len, extended))
+    assert prefill_kept == len(extended) * (observation + 1)  # the observation and the last generated token
+    # a prompt that shares only part of a kept sequence reuses that part
+    with hf.keep_prefixes():
+        hf.generate(prompts[:1], 30, temperature=0)
+        forked = prompts[0][:-2] + encode_text(tok, "Velmar")
+        assert hf.generate([forked], 10, temperature=0) == hf.generate([forked], 10, temperature=0)
+
+
+def test_sample_tokens_applies_temperature_and_top_p_then_divides_by_the_noise():
+    from ragrl.agent.generation import sample_tokens
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]]))
+    draw = lambda noise, **kw: sample_tokens(logits, torch.tensor(noise), **kw).tolist()  # noqa: E731
+    flat = [[1.0, 1.0, 1.0]] * 2
+    assert draw(flat, temperature=0, top_p=1.0) == [0, 2]  # greedy ignores the noise
+    assert draw(flat, temperature=1.0, top_p=1.0) == [0, 2]
+    # argmax(p / noise): 0.5 / 2 < 0.3 / 1, then 0.2 / 0.3 wins
+    assert draw([[2.0, 1.0, 1.0], [1.0, 1.0, 1.0]], temperature=1.0, top_p=1.0) == [1, 2]
+    assert draw([[2.0, 1.0, 0.3], [1.0, 1.0, 3.0]], temperature=1.0, top_p=1.0) == [2, 1]
+    # top_p 0.6 keeps 0.5 and 0.3 (the token that crosses 0.6 is kept); 0.2 can no longer win
+    assert draw([[2.0, 1.0, 0.01], [1.0, 1.0, 1.0]], temperature=1.0, top_p=0.6) == [1, 2]
+    assert draw([[9.0, 9.0, 0.01], [0.01, 9.0, 9.0]], temperature=1.0, top_p=0.4) == [0, 2]  # one token left
+    # temperature 0.5 squares the odds (25 : 9 : 4 over 38): 0.658 / 2.7 beats 0.237; at T 1, 0.5 / 2.7 loses to 0.3
+    assert draw([[2.7, 1.0, 1.0], [1.0, 1.0, 1.0]], temperature=0.5, top_p=1.0) == [0, 2]
+    assert draw([[2.7, 1.0, 1.0], [1.0, 1.0, 1.0]], temperature=1.0, top_p=1.0) == [1, 2]
+    masked = torch.tensor([[float("-inf"), 0.0, float("-inf")]])  # a zero-probability token never wins
+    assert sample_tokens(masked, torch.tensor([[1e-9, 50.0, 1e-9]]), 1.0, 1.0).tolist() == [1]
+
+
+def test_own_loop_samples_what_transformers_generate_samples(tiny, monkeypatch):
+    # Same seed, same tokens, top-p too, with rows stopping at different steps: RL rollouts drawn
+    # before the loop existed are drawn again.
+    tok, hf = tiny.tok, tiny.hf
+    prompts = _varied_prompts(tok)
+    limits = [40, 3, 40, 25, 40, 1]
+    free = hf.generate(prompts, 40, temperature=1.0, seed=3)
+    stops = [row[len(row) // 2] for row in free if len(row) > 4][:2]
+    ours = [hf.generate(prompts, limits, temperature=1.0, top_p=p, seed=3, stop_token_ids=stops) for p in (1.0, 0.7)]
+    monkeypatch.setattr(hf, "own_loop", False)
+    assert ours == [hf.generate(prompts, limits, temperature=1.0, top_p=p, seed=3, stop_token_ids=stops)
+                    for p in (1.0, 0.7)]
+
+
+def test_own_loop_samples_the_softmax_policy(tiny):
+    # One step, many rows of one prompt: the token frequencies follow the model's softmax at T 0.8.
+    hf, prompt = tiny.hf, encode_text(tiny.tok, "Where was Ada born?")
+    n = 4000
+    drawn = torch.tensor([row[0] for row in hf.generate([prompt] * n, 1, temperature=0.8, seed=0)])
+    with torch.no_grad():
+        probs = torch.softmax(hf.model(torch.tensor([prompt])).logits[0, -1].float() / 0.8, -1)
+    top = probs.argsort(descending=True)[:5]
+    observed = torch.stack([(drawn == t).sum() for t in top]).double()
+    expected = probs[top].double() * n
+    assert ((observed - expected).abs() <= 4 * (expected * (1 - probs[top].double())).sqrt() + 1).all(), (observed, expected)
 
 
 def test_growing_kv_layer_keeps_content_through_growth_and_crop():

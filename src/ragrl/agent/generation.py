@@ -17,6 +17,8 @@ sequence the policy never produced.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,6 +114,16 @@ class _GrowingKVLayer(transformers.cache_utils.DynamicLayer):
         self.keys, self.values = self._key_buf[..., :end, :], self._value_buf[..., :end, :]
         return self.keys, self.values
 
+    def keep(self, rows: torch.Tensor, start: int, room: int) -> None:
+        """Keep only batch `rows` and the positions from `start` on, with `room` free positions after."""
+        n = self.get_seq_length() - start
+        for name in ("key", "value"):
+            old = getattr(self, f"{name}s")
+            buf = old.new_empty((len(rows), old.shape[1], n + room, old.shape[-1]))
+            buf[..., :n, :] = old[rows, :, start:, :]
+            setattr(self, f"_{name}_buf", buf)
+            setattr(self, f"{name}s", buf[..., :n, :])
+
 
 def growing_cache(config) -> transformers.DynamicCache:
     """The DynamicCache `generate` would build for `config`, its plain full-attention layers growing
@@ -122,15 +134,75 @@ def growing_cache(config) -> transformers.DynamicCache:
     return cache
 
 
-class HFGenerator:
-    """Batched `model.generate` with left padding; sampling when temperature > 0, greedy otherwise.
+def sample_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """One token per row of `logits`: argmax when `temperature` <= 0; else a draw from the
+    temperature / top-p softmax, made as `torch.multinomial(probs, 1)` makes it inside transformers'
+    `generate`: argmax(probs / noise), `noise` one row of Exp(1) draws per row. With the noise drawn
+    for every row of the call at every step, as `generate` draws it, a seeded call samples the
+    tokens `generate` samples, and a row's token depends on its own logits and noise only."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    scores = logits.float() / temperature
+    if top_p < 1.0:  # transformers' TopPLogitsWarper: drop the least likely tokens whose mass is <= 1 - top_p
+        ascending, order = scores.sort(dim=-1)
+        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        drop[..., -1:] = False
+        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return (scores.softmax(dim=-1) / noise).argmax(-1)
 
-    Stops are passed as `eos_token_id` (a list of ids, honoured per row in a batch), which is
-    exact and cheap for single-token tags; `stop_strings` (multi-token tags of a real tokenizer)
-    go through transformers' string matcher and need `tokenizer`. The model's own eos ids
-    (generation_config) always stop too. Seeded runs are reproducible: the RNG is seeded inside a
-    forked RNG state, so callers' random streams are untouched.
+
+class _KeptPrefixes:
+    """The KV of the sequences one generate call ended with, for the next call to start from.
+
+    A multi-turn rollout calls `generate` once per turn with each trajectory's whole context, which
+    is the previous call's sequence plus the observation: the shared prefix need not be run again
+    (transformers' `generate` prefills it every turn, about half of a rollout's time on CPU). Only
+    the previous call's sequences are kept, and only inside `HFGenerator.keep_prefixes()`, the
+    span of one rollout, so a weight update between rollouts can never meet a stale cache.
     """
+
+    def __init__(self) -> None:
+        self.previous: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+        self.current: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+        self._tokens: torch.Tensor | None = None
+
+    def start_call(self) -> None:
+        self.previous, self.current, self._tokens = self.current, [], None
+
+    def match(self, prompt: Sequence[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """(length, per-layer (K, V)) of the longest kept prefix of `prompt`, leaving at least one
+        token to run (the next token's logits come from it); (0, None) if none."""
+        if not self.previous or len(prompt) < 2:
+            return 0, None
+        if self._tokens is None:
+            width = max(len(t) for t, _ in self.previous)
+            self._tokens = torch.full((len(self.previous), width + 1), -1, dtype=torch.long)
+            for i, (t, _) in enumerate(self.previous):
+                self._tokens[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+        m = min(len(prompt) - 1, self._tokens.shape[1] - 1)
+        same = self._tokens[:, :m] == torch.tensor(prompt[:m], dtype=torch.long)
+        # common prefix length per kept sequence: the first mismatch (or m)
+        lengths = torch.cat([same, torch.zeros(len(same), 1, dtype=torch.bool)], 1).long().argmin(1)
+        best = int(lengths.argmax())
+        k = int(lengths[best])
+        return (k, self.previous[best][1]) if k > 0 else (0, None)
+
+
+class HFGenerator:
+    """Batched generation with a Hugging Face causal LM; sampling when temperature > 0, greedy otherwise.
+
+    The decoding loop is ragrl's own (`_decode`): rows that have stopped leave the batch as it goes
+    (transformers' `generate` keeps computing them until the last row stops), the left padding no
+    remaining row needs is dropped, and inside `keep_prefixes()` a call starts from the KV the
+    previous call left. Its greedy tokens are `generate`'s (tests/unit/test_rollout.py), up to float
+    rounding between batch shapes. `stop_strings` (multi-token tags of a real tokenizer), a model
+    whose cache layers are not plain full attention, or `own_loop = False` (the environment's
+    RAGRL_HF_DECODE=transformers, for a model the loop does not suit, and for benchmarks) take
+    `model.generate` instead. The model's own eos ids (generation_config) always stop too. Seeded runs are
+    reproducible: the RNG is seeded inside a forked RNG state, so callers' random streams are
+    untouched.
+    """
+
 
     def __init__(self, model, pad_token_id: int, tokenizer=None, max_batch_size: int | None = None) -> None:
         self.model = model.eval()
@@ -139,6 +211,18 @@ class HFGenerator:
         self.max_batch_size = max_batch_size
         eos = getattr(model.generation_config, "eos_token_id", None)
         self.eos_ids: tuple[int, ...] = tuple(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
+        self._kept: _KeptPrefixes | None = None
+        self.own_loop = os.environ.get("RAGRL_HF_DECODE", "ragrl") != "transformers"
+
+    @contextlib.contextmanager
+    def keep_prefixes(self):
+        """Within the block, each call reuses the KV of the previous call's sequences that its
+        prompts extend (one multi-turn rollout; see _KeptPrefixes)."""
+        outer, self._kept = self._kept, _KeptPrefixes()
+        try:
+            yield self
+        finally:
+            self._kept = outer
 
     @classmethod
     def from_pretrained(cls, path, device: str | torch.device = "cpu", dtype: torch.dtype | str = "auto",
@@ -159,20 +243,24 @@ class HFGenerator:
         out: list[list[int]] = [[] for _ in batch_token_ids]
         rows = [i for i, lim in enumerate(limits) if lim > 0]
         size = self.max_batch_size or max(len(rows), 1)
+        own = self.own_loop and not stop_strings and _plain_layers(self.model.config)
+        if self._kept is not None:
+            self._kept.start_call()
         with torch.random.fork_rng(devices=self._rng_devices()), torch.no_grad():
             if seed is not None:
                 torch.manual_seed(seed)
             for at in range(0, len(rows), size):
                 chunk = rows[at : at + size]
-                new = self._generate_chunk([batch_token_ids[i] for i in chunk], [limits[i] for i in chunk],
-                                           temperature, top_p, stops, tuple(stop_strings))
+                if any(not batch_token_ids[i] for i in chunk):
+                    raise ValueError("empty prompt: generation needs at least one context token")
+                prompts, chunk_limits = [list(batch_token_ids[i]) for i in chunk], [limits[i] for i in chunk]
+                new = (self._decode(prompts, chunk_limits, temperature, top_p, stops) if own else
+                       self._generate_chunk(prompts, chunk_limits, temperature, top_p, stops, tuple(stop_strings)))
                 for i, ids in zip(chunk, new):
                     out[i] = cut_at_stop(ids, stops, limits[i])
         return out
 
     def _generate_chunk(self, prompts, limits, temperature, top_p, stops, stop_strings) -> list[list[int]]:
-        if any(not p for p in prompts):
-            raise ValueError("empty prompt: generation needs at least one context token")
         width = max(map(len, prompts))
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts], device=self.device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
@@ -201,9 +289,95 @@ class HFGenerator:
             new = [cut_at_strings(ids, self.tokenizer, stop_strings) for ids in new]
         return new
 
+    def _decode(self, prompts: list[list[int]], limits: list[int], temperature: float, top_p: float,
+                stops: tuple[int, ...]) -> list[list[int]]:
+        """The decoding loop (see the class docstring). Batch layout, per row: left padding, the
+        reused prefix's KV, padding, the rest of the prompt, then the generated tokens; the
+        attention mask marks the real positions and position ids count them, so padding anywhere
+        changes nothing but cost."""
+        model, device, pad = self.model, self.device, self.pad_token_id
+        n = len(prompts)
+        kept = self._kept
+        hits = [kept.match(p) for p in prompts] if kept is not None else [(0, None)] * n
+        reused = [k for k, _ in hits]
+        rests = [p[k:] for p, k in zip(prompts, reused)]
+        lc, lr = max(reused), max(map(len, rests))
+        cache = growing_cache(model.config)
+        if lc:
+            shapes = next(kv for _, kv in hits if kv is not None)
+            for layer, (k0, v0) in zip(cache.layers, shapes):
+                keys = k0.new_zeros((n, k0.shape[0], lc, k0.shape[-1]))
+                values = v0.new_zeros((n, v0.shape[0], lc, v0.shape[-1]))
+                layer.update(keys, values)
+            for i, (k, kv) in enumerate(hits):
+                for layer, (k0, v0) in zip(cache.layers, kv or ()):
+                    layer.keys[i, :, lc - k:, :] = k0[:, :k, :]
+                    layer.values[i, :, lc - k:, :] = v0[:, :k, :]
+        mask = torch.tensor([[0] * (lc - k) + [1] * k + [0] * (lr - len(r)) + [1] * len(r)
+                             for k, r in zip(reused, rests)], device=device)
+        ids = torch.tensor([[pad] * (lr - len(r)) + r for r in rests], device=device)
+        # transformers' generate gives padding position 1; the real tokens count from the row's start
+        positions = torch.tensor([[1] * (lr - len(r)) + list(range(k, k + len(r))) for k, r in zip(reused, rests)],
+                                 device=device)
+        nxt = torch.tensor([len(p) for p in prompts], device=device)
+        rows = list(range(n))  # batch position -> row of the call
+        new: list[list[int]] = [[] for _ in range(n)]
+        finished: set[int] = set()  # rows done but still in the batch (fed padding, masked)
+        stop_set = set(stops)
+        while True:
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1, :]
+            # Noise for every row of the call, finished or not, in one draw: the RNG stream of `generate`.
+            noise = torch.empty((n, logits.shape[-1]), device=device).exponential_(1) if temperature > 0 else None
+            tokens = sample_tokens(logits, noise[rows] if noise is not None else logits, temperature, top_p).tolist()
+            for j, row in enumerate(rows):
+                if row in finished:
+                    continue
+                new[row].append(tokens[j])
+                if tokens[j] in stop_set or len(new[row]) >= limits[row]:
+                    finished.add(row)
+            if len(finished) == len(rows):
+                break
+            if 4 * len(finished) >= len(rows):  # compact: drop the finished rows and padding no row needs
+                if kept is not None:
+                    self._keep_rows(cache, mask, [(j, r) for j, r in enumerate(rows) if r in finished], prompts, new)
+                stay = [j for j, r in enumerate(rows) if r not in finished]
+                at = torch.tensor(stay, device=device)
+                start = int(mask[at].argmax(1).min())
+                room = max(limits[rows[j]] - len(new[rows[j]]) for j in stay) + 1
+                for layer in cache.layers:
+                    layer.keep(at, start, room)
+                mask, nxt = mask[at, start:], nxt[at]
+                rows = [rows[j] for j in stay]
+                finished = set()
+                tokens = [tokens[j] for j in stay]
+            live = torch.tensor([r not in finished for r in rows], device=device)
+            ids = torch.where(live, torch.tensor(tokens, device=device), pad).unsqueeze(-1)
+            mask = torch.cat([mask, live.long().unsqueeze(-1)], 1)
+            positions = torch.where(live, nxt, 1).unsqueeze(-1)
+            nxt = nxt + live.long()
+        if kept is not None:
+            self._keep_rows(cache, mask, list(enumerate(rows)), prompts, new)
+        return new
+
+    def _keep_rows(self, cache, mask: torch.Tensor, rows: list[tuple[int, int]], prompts, new) -> None:
+        """Hand the KV of `rows` ((batch position, row of the call)) to the next call: the sequence
+        up to the last generated token, which was never run."""
+        for j, row in rows:
+            seq = prompts[row] + new[row][:-1]
+            real = mask[j].nonzero().squeeze(-1)[: len(seq)]
+            self._kept.current.append(
+                (seq, [(layer.keys[j][:, real, :].clone(), layer.values[j][:, real, :].clone()) for layer in cache.layers]))
+
     def _rng_devices(self) -> list[int]:
         device = self.device
         return [device.index or 0] if device.type == "cuda" else []
+
+
+def _plain_layers(config) -> bool:
+    """Whether `growing_cache` gives every layer the growing full-attention layer `_decode` needs."""
+    return all(isinstance(layer, _GrowingKVLayer) for layer in growing_cache(config).layers)
 
 
 def _sampling_params(temperature: float, top_p: float) -> dict[str, Any]:
@@ -236,6 +410,13 @@ def cut_at_strings(ids: list[int], tokenizer, stop_strings: Sequence[str]) -> li
         else:
             lo = mid + 1
     return ids[:lo]
+
+
+def keep_prefixes(generator) -> contextlib.AbstractContextManager:
+    """`generator.keep_prefixes()` where the backend has one (HFGenerator), else a no-op: the span
+    of one multi-turn rollout, whose calls extend each other's sequences."""
+    method = getattr(generator, "keep_prefixes", None)
+    return method() if callable(method) else contextlib.nullcontext()
 
 
 class CountingGenerator:

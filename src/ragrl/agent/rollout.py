@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from ragrl.agent.environments import Environment
 from ragrl.errors import InputError
 from ragrl.settings import RolloutConfig  # noqa: F401  (re-exported)
-from ragrl.agent.generation import Generator, cut_at_stop, cut_at_strings
+from ragrl.agent.generation import Generator, cut_at_stop, cut_at_strings, keep_prefixes
 from ragrl.agent.protocol import (
     ANSWER_OPEN,
     CLOSING_ACTION_TAGS,
@@ -142,9 +142,10 @@ class RolloutEngine:
                  for p, ids in enumerate(prompts) for s in range(n)]
         active = list(trajs)
         turn = 0
-        while active:
-            active = self._step(active, turn, None if seed is None else seed * 1_000_003 + turn, start)
-            turn += 1
+        with keep_prefixes(self.generator):  # each turn's contexts extend the last turn's sequences
+            while active:
+                active = self._step(active, turn, None if seed is None else seed * 1_000_003 + turn, start)
+                turn += 1
         for t in trajs:
             t.response_text = self.tokenizer.decode(t.response_ids, skip_special_tokens=True)
         return trajs

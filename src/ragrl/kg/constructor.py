@@ -147,7 +147,7 @@ class ConstructorRollout:
 
     def run(self, episodes: Sequence[Episode], n: int = 1, seed: int | None = None) -> list[ConstructorTrajectory]:
         """`n` episodes per question (question-major order)."""
-        from ragrl.agent.generation import cut_at_stop
+        from ragrl.agent.generation import cut_at_stop, keep_prefixes
 
         start = time.monotonic()
         empty = [e.id for e in episodes if not e.documents]
@@ -158,36 +158,37 @@ class ConstructorRollout:
         active = list(trajs)
         stops = [self.frame.eos_id] if self.frame.eos_id is not None else []
         turn = 0
-        while active:
-            limits = [min(self.max_turn_tokens, self.max_response_tokens - len(t.response_ids)) for t in active]
-            outputs = self.generator.generate([t.prompt_ids + t.response_ids for t in active], limits,
-                                              self.temperature, self.top_p,
-                                              None if seed is None else seed * 1_000_003 + turn, stop_token_ids=stops)
-            still = []
-            for t, out, limit in zip(active, outputs, limits):
-                ids = cut_at_stop(list(out), stops, limit)
-                _append(t, ids, 1, turn)
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                parsed = parse_triples(text, allow_empty=self.allow_empty)
-                t.texts.append(text)
-                t.turns.append(parsed)
-                docs = episodes[t.prompt_index].documents
-                if not parsed.valid:
-                    t.stop_reason = "invalid"
-                elif turn + 1 == len(docs):
-                    t.stop_reason = "done"
-                else:
-                    nxt = self.frame.next_ids(document_message(docs[turn + 1], turn + 1), bool(ids) and ids[-1] in stops)
-                    # The next document plus at least one generated token must fit.
-                    if len(t.response_ids) + len(nxt) + 1 > self.max_response_tokens:
-                        t.stop_reason = "response_limit"
+        with keep_prefixes(self.generator):  # each turn's contexts extend the last turn's sequences
+            while active:
+                limits = [min(self.max_turn_tokens, self.max_response_tokens - len(t.response_ids)) for t in active]
+                outputs = self.generator.generate([t.prompt_ids + t.response_ids for t in active], limits,
+                                                  self.temperature, self.top_p,
+                                                  None if seed is None else seed * 1_000_003 + turn, stop_token_ids=stops)
+                still = []
+                for t, out, limit in zip(active, outputs, limits):
+                    ids = cut_at_stop(list(out), stops, limit)
+                    _append(t, ids, 1, turn)
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                    parsed = parse_triples(text, allow_empty=self.allow_empty)
+                    t.texts.append(text)
+                    t.turns.append(parsed)
+                    docs = episodes[t.prompt_index].documents
+                    if not parsed.valid:
+                        t.stop_reason = "invalid"
+                    elif turn + 1 == len(docs):
+                        t.stop_reason = "done"
                     else:
-                        _append(t, nxt, 0, turn)
-                        still.append(t)
-                        continue
-                t.latency_s = time.monotonic() - start
-            active = still
-            turn += 1
+                        nxt = self.frame.next_ids(document_message(docs[turn + 1], turn + 1), bool(ids) and ids[-1] in stops)
+                        # The next document plus at least one generated token must fit.
+                        if len(t.response_ids) + len(nxt) + 1 > self.max_response_tokens:
+                            t.stop_reason = "response_limit"
+                        else:
+                            _append(t, nxt, 0, turn)
+                            still.append(t)
+                            continue
+                    t.latency_s = time.monotonic() - start
+                active = still
+                turn += 1
         return trajs
 
 
