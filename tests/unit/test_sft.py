@@ -323,6 +323,36 @@ def test_full_logits_loss_matches_trl_fused_head(tiny, gold_parquet, tmp_path):
     assert halved == pytest.approx(loss_a / 2, rel=1e-5)
 
 
+def test_right_padded_batches_train_without_the_mask_as_with_it(tiny, gold_parquet, tmp_path, monkeypatch):
+    # Causal attention alone sees what the mask lets through when padding only trails: the loss is
+    # bit-for-bit the masked forward's and the gradients agree to float rounding (SDPA's backward
+    # sums the padded positions' zero contributions in another order).
+    import ragrl.train.sft as sft
+
+    assert sft.right_padded(torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
+    assert not sft.right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))  # left padding keeps its mask
+    assert not sft.right_padded(torch.tensor([[1, 0, 1]])) and not sft.right_padded(None)
+    trainer = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "a", SFTArgs(max_steps=1, batch_size=4))
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    assert sft.right_padded(batch["attention_mask"]) and not batch["attention_mask"].all()
+    seen, results = [], []
+    handle = trainer.model.register_forward_pre_hook(lambda m, a, kw: seen.append("attention_mask" in kw), with_kwargs=True)
+    for masked in (False, True):
+        if masked:
+            monkeypatch.setattr(sft, "right_padded", lambda mask: False)
+        model = trainer.model.train()
+        model.zero_grad()
+        loss = trainer.compute_loss(model, dict(batch), num_items_in_batch=None)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    handle.remove()
+    assert seen == [False, True]
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b) and grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
 @pytest.mark.parametrize("fused", [None, True], ids=["auto-full-logits", "trl-fused"])
 def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_path, fused):
     # One unpadded row per batch must be the same batch to the model: every sequence attends only to

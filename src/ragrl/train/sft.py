@@ -111,6 +111,11 @@ def full_logits_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_ba
     return nll.sum() / torch.as_tensor(denominator, device=nll.device).clamp(min=1), logp, target
 
 
+def right_padded(mask: torch.Tensor | None) -> bool:
+    """Whether every row of an attention mask is ones then zeros (padding only at the end)."""
+    return mask is not None and mask.dim() == 2 and bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
 def _full_logits_trainer_class():
     from trl import SFTTrainer
 
@@ -121,6 +126,10 @@ def _full_logits_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             mode = "train" if self.model.training else "eval"
             model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+            if right_padded(model_inputs.get("attention_mask")):
+                # Causal attention alone gives every real token the same context (its padding
+                # comes after it), and lets SDPA skip the masked half instead of reading a mask.
+                del model_inputs["attention_mask"]
             outputs = model(**model_inputs, use_cache=False)
             loss, logp, target = full_logits_loss(outputs.logits, inputs["labels"], num_items_in_batch)
             if self.args.average_tokens_across_devices and num_items_in_batch is not None:
