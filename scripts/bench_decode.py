@@ -7,10 +7,13 @@ job, and what one decode step costs.
 With `--eval-log`, re-runs the `ragrl eval` command a finished run logged (first line of the log),
 for one of its datasets, output to a temp dir, with forward hooks on the model that time each
 forward pass: more than one new token per row is a prefill (the whole context again, each turn),
-one is a decode step. Without it, times decode steps of `--batch` rows over a KV cache of
-`--context` positions (ragrl's growing cache, as `HFGenerator` uses), and one layer's attention
-over the same cache with SDPA and with matmul + softmax, and the bytes of K and V that attention
-reads per step. One thread, as the workflow's jobs run. JSON to `--out` (default stdout).
+one is a decode step. The loop timed is the one the job runs: ragrl's (which prefills only what
+the previous turn did not leave in its cache), or transformers' `generate` with
+RAGRL_HF_DECODE=transformers; the padding counts are of the contexts handed to either. Without
+it, times decode steps of `--batch` rows over a KV cache of `--context` positions (ragrl's
+growing cache, as `HFGenerator` uses), and one layer's attention over the same cache with SDPA
+and with matmul + softmax, and the bytes of K and V that attention reads per step. One thread,
+as the workflow's jobs run. JSON to `--out` (default stdout).
 """
 
 from __future__ import annotations
@@ -51,9 +54,9 @@ def eval_split(log: str, dataset: str) -> dict:
     rest = with_option(rest, "--out", tempfile.mkdtemp(prefix="bench-decode-"))
     stats = collections.defaultdict(lambda: {"calls": 0, "s": 0.0, "tokens": 0})
     padded = {"prompt_tokens": 0, "pad_tokens": 0}
-    inner = generation.HFGenerator._generate_chunk
+    inner = {name: getattr(generation.HFGenerator, name) for name in ("_generate_chunk", "_decode")}
 
-    def timed_chunk(self, prompts, *args, **kwargs):
+    def timed(name, self, prompts, *args, **kwargs):
         if not getattr(self.model, "_bench_hooked", False):
             def before(module, args, kwargs):
                 module._bench = (time.perf_counter(), tuple(kwargs["input_ids"].shape))
@@ -71,9 +74,10 @@ def eval_split(log: str, dataset: str) -> dict:
         widths = [len(p) for p in prompts]
         padded["prompt_tokens"] += sum(widths)
         padded["pad_tokens"] += max(widths) * len(widths) - sum(widths)
-        return inner(self, prompts, *args, **kwargs)
+        return inner[name](self, prompts, *args, **kwargs)
 
-    generation.HFGenerator._generate_chunk = timed_chunk
+    for name in inner:
+        setattr(generation.HFGenerator, name, lambda self, *a, _name=name, **kw: timed(_name, self, *a, **kw))
     started = time.perf_counter()
     try:
         main(rest + blocks[dataset])
@@ -81,7 +85,8 @@ def eval_split(log: str, dataset: str) -> dict:
         if exit.code not in (0, None):
             raise
     finally:
-        generation.HFGenerator._generate_chunk = inner
+        for name, method in inner.items():
+            setattr(generation.HFGenerator, name, method)
     wall = time.perf_counter() - started
     return {"log": log, "dataset": dataset, "job_s": round(wall, 1), **padded,
             **{k: {**v, "s": round(v["s"], 1)} for k, v in stats.items()}}

@@ -494,33 +494,57 @@ def test_own_loop_decodes_greedily_what_transformers_generate_does(tiny, monkeyp
     assert free == hf.generate(prompts, 40, temperature=0)
 
 
-def test_kept_prefixes_give_what_a_fresh_call_gives_and_skip_the_prefix(tiny, monkeypatch):
-    # Turn 2 of a rollout extends turn 1's sequences; inside keep_prefixes() only the new tokens run.
+def test_kept_prefixes_give_what_a_fresh_call_gives_and_skip_the_prefix(tiny):
+    # Turn 2 of a rollout extends turn 1's sequences; inside keep_prefixes() only the new tokens run,
+    # greedy and sampled, with rows stopping at different steps (so the batch is compacted).
     tok, hf = tiny.tok, tiny.hf
     prompts = _varied_prompts(tok)
+    observation = encode_text(tok, " <information>Velmar is in Oskar.</information>")
     fed: list[int] = []
     handle = hf.model.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].numel()), with_kwargs=True)
     try:
-        with hf.keep_prefixes():
-            first = hf.generate(prompts, [30, 5, 30, 30, 30, 2], temperature=0)
-            extended = [p + out + encode_text(tok, " <information>Velmar is in Oskar.</information>")
-                        for p, out in zip(prompts, first)]
+        for temperature in (0, 1.0):
+            with hf.keep_prefixes():
+                first = hf.generate(prompts, [30, 5, 30, 30, 30, 2], temperature=temperature, seed=4)
+                extended = [p + out + observation for p, out in zip(prompts, first)]
+                stops = [first[0][2], first[2][3]]  # two rows stop early
+                fed.clear()
+                kept = hf.generate(extended, [20, 3, 20, 20, 20, 9], temperature=temperature, seed=5, stop_token_ids=stops)
+                prefill_kept = fed[0]
             fed.clear()
-            second = hf.generate(extended, 20, temperature=0)
-            prefill_kept = fed[0]
-        fed.clear()
-        assert second == hf.generate(extended, 20, temperature=0)  # outside the block: nothing kept
-        prefill_fresh = fed[0]
+            fresh = hf.generate(extended, [20, 3, 20, 20, 20, 9], temperature=temperature, seed=5, stop_token_ids=stops)
+            assert kept == fresh, temperature
+            assert prefill_kept == len(extended) * (len(observation) + 1)  # the observation and the last generated token
+            assert fed[0] == len(extended) * max(map(len, extended))  # outside the block: everything again
     finally:
         handle.remove()
-    observation = len(encode_text(tok, " <information>Velmar is in Oskar.</information>"))
-    assert prefill_fresh == len(extended) * max(map(len, extended))
-    assert prefill_kept == len(extended) * (observation + 1)  # the observation and the last generated token
     # a prompt that shares only part of a kept sequence reuses that part
+    forked = prompts[2][:-2] + encode_text(tok, "Velmar")
     with hf.keep_prefixes():
-        hf.generate(prompts[:1], 30, temperature=0)
-        forked = prompts[0][:-2] + encode_text(tok, "Velmar")
-        assert hf.generate([forked], 10, temperature=0) == hf.generate([forked], 10, temperature=0)
+        hf.generate(prompts, 30, temperature=0)
+        assert hf._kept.current  # the call kept its rows
+        reused = hf.generate([forked], 10, temperature=0)
+        assert not hf._kept.previous  # freed when the call ended
+    assert reused == hf.generate([forked], 10, temperature=0)
+
+
+def test_decode_choice_by_environment_and_model(tiny, monkeypatch):
+    from ragrl.agent.generation import _own_loop_fits
+
+    monkeypatch.setenv("RAGRL_HF_DECODE", "transformer")
+    with pytest.raises(ValueError, match="RAGRL_HF_DECODE='transformer'"):
+        HFGenerator(tiny.hf.model, 0)
+    monkeypatch.setenv("RAGRL_HF_DECODE", "transformers")
+    assert not HFGenerator(tiny.hf.model, 0).own_loop
+    assert _own_loop_fits(tiny.hf.model)
+
+    class NoLogitsToKeep(torch.nn.Module):  # a forward without `logits_to_keep`: generate drives it
+        config = tiny.hf.model.config
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
+            raise AssertionError("not called")
+
+    assert not _own_loop_fits(NoLogitsToKeep())
 
 
 def test_sample_tokens_applies_temperature_and_top_p_then_divides_by_the_noise():

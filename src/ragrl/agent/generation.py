@@ -195,9 +195,11 @@ class HFGenerator:
     (transformers' `generate` keeps computing them until the last row stops), the left padding no
     remaining row needs is dropped, and inside `keep_prefixes()` a call starts from the KV the
     previous call left. Its greedy tokens are `generate`'s (tests/unit/test_rollout.py), up to float
-    rounding between batch shapes. `stop_strings` (multi-token tags of a real tokenizer), a model
-    whose cache layers are not plain full attention, or `own_loop = False` (the environment's
-    RAGRL_HF_DECODE=transformers, for a model the loop does not suit, and for benchmarks) take
+    rounding between batch shapes. It applies temperature and top-p only: a checkpoint's
+    generation_config processors (suppress_tokens, min_new_tokens, ...) are not applied, which is
+    the plain policy an RL trainer scores. `stop_strings` (multi-token tags of a real tokenizer), a
+    model the loop cannot drive (`_own_loop_fits`), or `own_loop = False` (the environment's
+    RAGRL_HF_DECODE=transformers, for benchmarks or a model the loop does not suit) take
     `model.generate` instead. The model's own eos ids (generation_config) always stop too. Seeded runs are
     reproducible: the RNG is seeded inside a forked RNG state, so callers' random streams are
     untouched.
@@ -212,7 +214,10 @@ class HFGenerator:
         eos = getattr(model.generation_config, "eos_token_id", None)
         self.eos_ids: tuple[int, ...] = tuple(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
         self._kept: _KeptPrefixes | None = None
-        self.own_loop = os.environ.get("RAGRL_HF_DECODE", "ragrl") != "transformers"
+        decode = os.environ.get("RAGRL_HF_DECODE", "ragrl")
+        if decode not in ("ragrl", "transformers"):
+            raise ValueError(f"RAGRL_HF_DECODE={decode!r}: expected 'ragrl' or 'transformers'")
+        self.own_loop = decode == "ragrl"
 
     @contextlib.contextmanager
     def keep_prefixes(self):
@@ -243,10 +248,10 @@ class HFGenerator:
         out: list[list[int]] = [[] for _ in batch_token_ids]
         rows = [i for i, lim in enumerate(limits) if lim > 0]
         size = self.max_batch_size or max(len(rows), 1)
-        own = self.own_loop and not stop_strings and _plain_layers(self.model.config)
+        own = self.own_loop and not stop_strings and _own_loop_fits(self.model)
         if self._kept is not None:
             self._kept.start_call()
-        with torch.random.fork_rng(devices=self._rng_devices()), torch.no_grad():
+        with torch.random.fork_rng(devices=self._rng_devices()), torch.no_grad(), self._drop_previous():
             if seed is not None:
                 torch.manual_seed(seed)
             for at in range(0, len(rows), size):
@@ -289,6 +294,16 @@ class HFGenerator:
             new = [cut_at_strings(ids, self.tokenizer, stop_strings) for ids in new]
         return new
 
+    @contextlib.contextmanager
+    def _drop_previous(self):
+        """The previous call's kept KV is read only while this call prefills: free it when the call
+        ends, before the environment's turn (retrieval may share the device)."""
+        try:
+            yield
+        finally:
+            if self._kept is not None:
+                self._kept.previous, self._kept._tokens = [], None
+
     def _decode(self, prompts: list[list[int]], limits: list[int], temperature: float, top_p: float,
                 stops: tuple[int, ...]) -> list[list[int]]:
         """The decoding loop (see the class docstring). Batch layout, per row: left padding, the
@@ -329,7 +344,8 @@ class HFGenerator:
                         use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1, :]
             # Noise for every row of the call, finished or not, in one draw: the RNG stream of `generate`.
-            noise = torch.empty((n, logits.shape[-1]), device=device).exponential_(1) if temperature > 0 else None
+            noise = (torch.empty((n, logits.shape[-1]), dtype=torch.float32, device=device).exponential_(1)
+                     if temperature > 0 else None)
             tokens = sample_tokens(logits, noise[rows] if noise is not None else logits, temperature, top_p).tolist()
             for j, row in enumerate(rows):
                 if row in finished:
@@ -368,16 +384,33 @@ class HFGenerator:
             seq = prompts[row] + new[row][:-1]
             real = mask[j].nonzero().squeeze(-1)[: len(seq)]
             self._kept.current.append(
-                (seq, [(layer.keys[j][:, real, :].clone(), layer.values[j][:, real, :].clone()) for layer in cache.layers]))
+                (seq, [(layer.keys[j][:, real, :], layer.values[j][:, real, :]) for layer in cache.layers]))  # copies
 
     def _rng_devices(self) -> list[int]:
         device = self.device
         return [device.index or 0] if device.type == "cuda" else []
 
 
-def _plain_layers(config) -> bool:
-    """Whether `growing_cache` gives every layer the growing full-attention layer `_decode` needs."""
-    return all(isinstance(layer, _GrowingKVLayer) for layer in growing_cache(config).layers)
+def _own_loop_fits(model) -> bool:
+    """Whether `_decode` can drive `model`: every cache layer the growing full-attention layer, a
+    forward that takes position ids and `logits_to_keep`, and no ZeRO-3 / FSDP sharding across
+    ranks (each forward gathers parameters from every rank, so ranks must step together, as
+    `generate`'s synced_gpus makes them; `_decode` lets a rank stop when its own rows have)."""
+    import inspect
+
+    from transformers.distributed.fsdp import is_fsdp_managed_module
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    layers = growing_cache(model.config).layers
+    if not layers or not all(isinstance(layer, _GrowingKVLayer) for layer in layers):
+        return False
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    accepts = inspect.signature(base.forward).parameters
+    if not {"position_ids", "logits_to_keep", "past_key_values"} <= accepts.keys():
+        return False
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    sharded = is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model)
+    return not (sharded and distributed and torch.distributed.get_world_size() > 1)
 
 
 def _sampling_params(temperature: float, top_p: float) -> dict[str, Any]:
