@@ -76,6 +76,13 @@ class ForcedSearch:
         self.answer_open = tokenizer.encode("<answer>", add_special_tokens=False)
         self.decoded = 0
 
+    def keep_prefixes(self):
+        # The engine's rollout span reaches the wrapped generator (the forced tokens differ from
+        # what it generated, so it reuses the common prefix only).
+        from ragrl.agent.generation import keep_prefixes
+
+        return keep_prefixes(self.inner)
+
     def generate(self, batch, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *, stop_token_ids=(),
                  stop_strings=()):
         limits = [max_new_tokens] * len(batch) if isinstance(max_new_tokens, int) else list(max_new_tokens)
