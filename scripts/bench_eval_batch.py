@@ -8,10 +8,10 @@ several batch sizes, or with ragrl's decoding loop against transformers' `genera
 Each job is the command on the first line of RUN_DIR/logs/eval/<run>.log, as the workflow ran it,
 with only --batch-size and --out changed (and RAGRL_HF_DECODE set, `ragrl.agent.generation`); one
 thread, as Snakemake gives the eval rule. Variants run in alternating order per round
-(benchlib.alternating_rounds). Reported per job: wall and CPU time
-(benchlib.run_measured), the rollout time of each dataset (its `[done]` line, without imports and
-model load), and how many responses equal those of the first variant. JSON to `--out` (default
-stdout), a progress line per job to stderr. docs/BENCHMARKS.md, "Evaluation batch size".
+(benchlib.alternating_rounds). Reported per job: wall and CPU time (benchlib.run_measured), the
+rollout time of each dataset (its `[done]` line, without imports and model load), and how many
+responses equal those of the first variant. JSON to `--out` (default stdout), a progress line per
+job to stderr. docs/BENCHMARKS.md, "Evaluation batch size" and "ragrl's decoding loop".
 """
 
 from __future__ import annotations

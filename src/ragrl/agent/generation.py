@@ -134,13 +134,13 @@ def growing_cache(config) -> transformers.DynamicCache:
     return cache
 
 
-def sample_tokens(logits: torch.Tensor, noise: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float, top_p: float) -> torch.Tensor:
     """One token per row of `logits`: argmax when `temperature` <= 0; else a draw from the
     temperature / top-p softmax, made as `torch.multinomial(probs, 1)` makes it inside transformers'
     `generate`: argmax(probs / noise), `noise` one row of Exp(1) draws per row. With the noise drawn
     for every row of the call at every step, as `generate` draws it, a seeded call samples the
     tokens `generate` samples, and a row's token depends on its own logits and noise only."""
-    if temperature <= 0:
+    if temperature <= 0 or noise is None:
         return logits.argmax(-1)
     scores = logits.float() / temperature
     if top_p < 1.0:  # transformers' TopPLogitsWarper: drop the least likely tokens whose mass is <= 1 - top_p
@@ -166,8 +166,16 @@ class _KeptPrefixes:
         self.current: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []
         self._tokens: torch.Tensor | None = None
 
-    def start_call(self) -> None:
+    @contextlib.contextmanager
+    def call(self):
+        """One generate call: it matches against the previous call's sequences and collects its
+        own; the previous ones are freed when it ends, before the environment's turn (retrieval may
+        share the device)."""
         self.previous, self.current, self._tokens = self.current, [], None
+        try:
+            yield self
+        finally:
+            self.previous, self._tokens = [], None
 
     def match(self, prompt: Sequence[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """(length, per-layer (K, V)) of the longest kept prefix of `prompt`, leaving at least one
@@ -200,11 +208,10 @@ class HFGenerator:
     the plain policy an RL trainer scores. `stop_strings` (multi-token tags of a real tokenizer), a
     model the loop cannot drive (`_own_loop_fits`), or `own_loop = False` (the environment's
     RAGRL_HF_DECODE=transformers, for benchmarks or a model the loop does not suit) take
-    `model.generate` instead. The model's own eos ids (generation_config) always stop too. Seeded runs are
-    reproducible: the RNG is seeded inside a forked RNG state, so callers' random streams are
-    untouched.
+    `model.generate` instead. The model's own eos ids (generation_config) always stop too. Seeded
+    runs are reproducible: the RNG is seeded inside a forked RNG state, so callers' random streams
+    are untouched.
     """
-
 
     def __init__(self, model, pad_token_id: int, tokenizer=None, max_batch_size: int | None = None) -> None:
         self.model = model.eval()
@@ -218,6 +225,7 @@ class HFGenerator:
         if decode not in ("ragrl", "transformers"):
             raise ValueError(f"RAGRL_HF_DECODE={decode!r}: expected 'ragrl' or 'transformers'")
         self.own_loop = decode == "ragrl"
+        self._fits: bool | None = None  # _own_loop_fits(model), asked once
 
     @contextlib.contextmanager
     def keep_prefixes(self):
@@ -248,10 +256,11 @@ class HFGenerator:
         out: list[list[int]] = [[] for _ in batch_token_ids]
         rows = [i for i, lim in enumerate(limits) if lim > 0]
         size = self.max_batch_size or max(len(rows), 1)
-        own = self.own_loop and not stop_strings and _own_loop_fits(self.model)
-        if self._kept is not None:
-            self._kept.start_call()
-        with torch.random.fork_rng(devices=self._rng_devices()), torch.no_grad(), self._drop_previous():
+        if self._fits is None:
+            self._fits = _own_loop_fits(self.model)
+        own = self.own_loop and self._fits and not stop_strings
+        kept = self._kept.call() if self._kept is not None else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=self._rng_devices()), torch.no_grad(), kept:
             if seed is not None:
                 torch.manual_seed(seed)
             for at in range(0, len(rows), size):
@@ -293,16 +302,6 @@ class HFGenerator:
         if stop_strings:
             new = [cut_at_strings(ids, self.tokenizer, stop_strings) for ids in new]
         return new
-
-    @contextlib.contextmanager
-    def _drop_previous(self):
-        """The previous call's kept KV is read only while this call prefills: free it when the call
-        ends, before the environment's turn (retrieval may share the device)."""
-        try:
-            yield
-        finally:
-            if self._kept is not None:
-                self._kept.previous, self._kept._tokens = [], None
 
     def _decode(self, prompts: list[list[int]], limits: list[int], temperature: float, top_p: float,
                 stops: tuple[int, ...]) -> list[list[int]]:
@@ -346,7 +345,7 @@ class HFGenerator:
             # Noise for every row of the call, finished or not, in one draw: the RNG stream of `generate`.
             noise = (torch.empty((n, logits.shape[-1]), dtype=torch.float32, device=device).exponential_(1)
                      if temperature > 0 else None)
-            tokens = sample_tokens(logits, noise[rows] if noise is not None else logits, temperature, top_p).tolist()
+            tokens = sample_tokens(logits, None if noise is None else noise[rows], temperature, top_p).tolist()
             for j, row in enumerate(rows):
                 if row in finished:
                     continue
