@@ -91,8 +91,22 @@ def test_chunks_run_checkpointed_with_gradients_and_entropy_only_without():
     assert calls == [8, 8, 5]
     logp.sum().backward()
     assert sorted(calls) == [5, 5, 8, 8, 8, 8]
-    with pytest.raises(ValueError, match="no-grad"):
-        chunked_token_logprobs(h, head, labels, 1.0, 8, with_entropy=True)
+
+
+def test_entropy_with_gradients_is_logged_outside_the_graph():
+    # The update's own pass logs the entropy (old_logprobs_from_update): the values equal the
+    # no-grad pass's, carry no gradient, and the backward does not recompute their heads.
+    head, h, labels = _head_problem()
+    with torch.no_grad():
+        want_logp, want_ent = chunked_token_logprobs(h, head, labels, 0.7, 8, with_entropy=True)
+    calls = []
+    counted = lambda x: calls.append(x.shape[0]) or head(x)  # noqa: E731
+    logp, ent = chunked_token_logprobs(h.clone().requires_grad_(True), counted, labels, 0.7, 8, with_entropy=True)
+    assert torch.equal(logp.detach(), want_logp) and torch.equal(ent, want_ent)
+    assert logp.requires_grad and not ent.requires_grad
+    assert sorted(calls) == [5, 5, 8, 8, 8, 8]  # the log-prob chunks and the entropy chunks
+    logp.sum().backward()
+    assert len(calls) == 9  # the backward recomputed the three log-prob chunks only
 
 
 # --- on a model: response_logprobs ------------------------------------------------------------

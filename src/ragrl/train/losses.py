@@ -53,10 +53,9 @@ def chunked_token_logprobs(
     shaped. With gradients on, each chunk runs under non-reentrant activation checkpointing: its
     logits are dropped after the forward and recomputed in the backward, so only one chunk's
     logits live at a time in either pass (the cost: the head's matmul once more per backward).
-    Entropy is a logged statistic, so it is only computed without gradients.
+    Entropy is a logged statistic: with gradients on, each chunk's head runs once more for it,
+    without gradients and outside the checkpoint (so the backward does not recompute it).
     """
-    if with_entropy and torch.is_grad_enabled():
-        raise ValueError("entropy is computed in the no-grad scoring pass only")
     rows, width = labels.shape
     flat_hidden = hidden.reshape(rows * width, hidden.shape[-1])
     flat_labels = labels.reshape(rows * width)
@@ -74,6 +73,9 @@ def chunked_token_logprobs(
             # state costs a device sync per chunk.
             logps.append(torch.utils.checkpoint.checkpoint(chunk_logp, h, lab, use_reentrant=False,
                                                            preserve_rng_state=False))
+            if with_entropy:
+                with torch.no_grad():
+                    ents.append(entropy_from_logits(head(h.detach()), temperature))
         else:
             logits = head(h)
             logps.append(token_logprobs(logits, lab, temperature))

@@ -16,7 +16,8 @@ One code path runs in a single CPU process, under DDP, and under DeepSpeed ZeRO-
 
 Per step: pick the step's prompts (a pure function of seed and step, so a resumed run continues
 the data order), let each process roll out its share, score old and reference log-probs (and, for
-ppo, the critic's values) without gradients, compute advantages, run `ppo_epochs` x
+ppo, the critic's values) without gradients (the old ones come from the update's own forward when
+there is one update per step: `old_logprobs_from_update`), compute advantages, run `ppo_epochs` x
 `num_mini_batches` clipped updates (ppo: of the critic, then of the policy), log one JSON line, and
 checkpoint every `checkpoint_every` steps.
 """
@@ -344,7 +345,7 @@ def _note_unchunked(model) -> None:
 
 def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float, chunk_tokens: int,
                       with_entropy: bool, autocast) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [B, R] (and, without gradients, entropies) of the response tokens.
+    """Log-probs [B, R] (and entropies, never with gradients) of the response tokens.
 
     chunk_tokens > 0 (rl.logprob_chunk_tokens): the model body runs once and the LM head,
     log-softmax and gather `chunk_tokens` positions at a time (`chunked_token_logprobs`), so peak
@@ -358,8 +359,10 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
         with autocast():
             logits = response_logits(model, batch)
         logp = token_logprobs(logits, batch["response_ids"], temperature)
-        entropy = entropy_from_logits(logits, temperature) if with_entropy else None
-        return logp, entropy
+        if not with_entropy:
+            return logp, None
+        with torch.no_grad():
+            return logp, entropy_from_logits(logits.detach(), temperature)
     with autocast():
         hidden = response_hidden(model, batch, head)
 
@@ -370,6 +373,25 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
             return head(h)
 
     return chunked_token_logprobs(hidden, apply_head, batch["response_ids"], temperature, chunk_tokens, with_entropy)
+
+
+def old_logprobs_from_update(cfg: RLConfig, critic=None) -> bool:
+    """Whether a step can take its old log-probs from its update's own forward instead of a
+    separate scoring pass.
+
+    With one epoch of one mini-batch the update differentiates the very policy that rolled out,
+    so its log-probs, detached, are the old ones (the ratio is 1, as TRL's GRPOTrainer does when
+    `num_iterations` is 1): the pass would compute the same numbers again (bit for bit on the
+    CPU, same kernels and rows). Several updates per step need the rollout policy's log-probs
+    fixed before the first one, and a KL in the reward (ppo) needs them for the advantages.
+    """
+    return cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1 and not (critic is not None and cfg.use_kl_in_reward)
+
+
+def logged_kl_entropy(kl: torch.Tensor | None, entropy: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
+    """The step's KL and entropy sums over the policy tokens, as `step_record` divides them."""
+    return {"kl": float((kl * mask).sum()) if kl is not None else 0.0,
+            "entropy": float((entropy * mask).sum()) if entropy is not None else 0.0}
 
 
 def _to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
@@ -648,14 +670,17 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     batch = collate(samples, pad_id)
     n = len(samples)
     score_rows = torch.arange(n).split(micro_size)
-    old_logp, entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy, accelerator.autocast,
-                              cfg.logprob_chunk_tokens)
+    from_update = old_logprobs_from_update(cfg, critic)
+    old_logp = entropy = None
+    if not from_update:
+        old_logp, entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy,
+                                  accelerator.autocast, cfg.logprob_chunk_tokens)
     ref_logp = None
     if ref is not None:
         ref_logp, _ = score(ref, batch, score_rows, cfg.temperature, device, False, accelerator.autocast,
                             cfg.logprob_chunk_tokens)
     # The KL estimator used (in the reward or the loss) is also the one logged.
-    kl = kl_per_token(old_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None else None
+    kl = kl_per_token(old_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None and old_logp is not None else None
 
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
     mask = batch["loss_mask"]
@@ -670,10 +695,10 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
         "searches": float(sum(searches)),
         "searches_count": float(len(searches)),
         "kl_present": float(ref_logp is not None),
-        "entropy_present": float(entropy is not None),
-        "kl": float((kl * mask).sum()) if kl is not None else 0.0,
-        "entropy": float((entropy * mask).sum()) if entropy is not None else 0.0,
+        "entropy_present": float(cfg.log_entropy),
     }
+    if not from_update:
+        sums.update(logged_kl_entropy(kl, entropy, mask))
     tied = tied_samples([s.reward for s in samples], [s.group for s in samples])
     group_tied = {s.group: t for s, t in zip(samples, tied)}
     sums["groups"] = float(len(group_tied))
@@ -722,11 +747,18 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
             "critic_grad_norm": pooled_critic["critic_grad_norm"] / world if critic_norms else None,
             "critic_lr": critic[1].param_groups[0]["lr"],
         }
+    policy_logp = None
     if cfg.filter_tied_groups and pooled["tied_groups"] == pooled["groups"]:
         losses, grad_norms, clip_fracs = [0.0], [], [0.0]  # nothing to learn from: no update
     else:
-        losses, grad_norms, clip_fracs = _update(accelerator, model, optimizer, cfg, step, batch, advantages,
-                                                 old_logp, ref_logp, n_micro)
+        losses, grad_norms, clip_fracs, policy_logp, entropy = _update(
+            accelerator, model, optimizer, cfg, step, batch, advantages, old_logp, ref_logp, n_micro)
+    if from_update:
+        if policy_logp is None:  # no update ran: score the (unchanged) policy for the log
+            policy_logp, entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy,
+                                         accelerator.autocast, cfg.logprob_chunk_tokens)
+        kl = kl_per_token(policy_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None else None
+        pooled.update(_pooled_sums(accelerator, logged_kl_entropy(kl, entropy, mask)))
     with warnings.catch_warnings():
         # A skipped (all-tied) step still advances the schedule, so LR stays a function of the step.
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
@@ -761,11 +793,20 @@ def _shuffle_generator(cfg: RLConfig, step: int, rank: int) -> torch.Generator:
 
 
 def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, advantages, old_logp, ref_logp,
-            n_micro: int) -> tuple[list[float], list[float], list[float]]:
-    """ppo_epochs x num_mini_batches clipped updates; each mini-batch is n_micro accumulated micro-batches."""
+            n_micro: int):
+    """ppo_epochs x num_mini_batches clipped updates; each mini-batch is n_micro accumulated micro-batches.
+
+    Returns (losses, gradient norms, clip fractions) per mini-batch, and, when `old_logp` is None
+    (`old_logprobs_from_update`: one update, so the policy it differentiates is the rollout
+    policy), the update's own log-probs [B, R], detached, which then serve as the old ones, and
+    the entropies if `cfg.log_entropy`; (None, None) otherwise.
+    """
     model.train()
     device = accelerator.device
     n = advantages.shape[0]
+    own = old_logp is None
+    own_logp = torch.zeros(advantages.shape, dtype=torch.float32) if own else None
+    own_entropy = torch.zeros(advantages.shape, dtype=torch.float32) if own and cfg.log_entropy else None
     gen = _shuffle_generator(cfg, step, accelerator.process_index)
     # With the KL in the reward (ppo) it is already in the advantages; it is not a loss term too.
     kl_coef = 0.0 if cfg.use_kl_in_reward else cfg.kl_coef
@@ -783,11 +824,15 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
                 rows = mini_rows[micro_pos]
                 micro = _to(select(batch, rows), device)
                 with accelerator.accumulate(model):
-                    logp, _ = response_logprobs(model, micro, cfg.temperature, cfg.logprob_chunk_tokens, False,
-                                                accelerator.autocast)
+                    logp, entropy = response_logprobs(model, micro, cfg.temperature, cfg.logprob_chunk_tokens,
+                                                      own and cfg.log_entropy, accelerator.autocast)
+                    if own:
+                        own_logp[rows] = logp.detach().float().cpu()
+                        if own_entropy is not None:
+                            own_entropy[rows] = entropy.float().cpu()
                     loss, stats = policy_loss(
                         logp,
-                        old_logp[rows].to(device),
+                        logp.detach() if own else old_logp[rows].to(device),
                         advantages[rows].to(device),
                         micro["loss_mask"],
                         clip_low=cfg.clip_eps,
@@ -811,7 +856,7 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
                     optimizer.zero_grad()
             losses.append(mb_loss)
             clip_fracs.append(mb_clip)
-    return losses, grad_norms, clip_fracs
+    return losses, grad_norms, clip_fracs, own_logp, own_entropy
 
 
 def _update_critic(accelerator, critic, optimizer, cfg: RLConfig, step: int, batch, old_values, returns,
