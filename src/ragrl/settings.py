@@ -176,11 +176,12 @@ class SFTArgs:
     # of the compute on padding. Off by default, as in transformers: where length follows the kind
     # of example (1-hop vs multi-hop trajectories), one-kind batches can train worse (config.yaml).
     group_by_length: bool = setting(False, help="batches of similar lengths (less padding)")
-    # The same batches without padding: TRL's collator joins a batch into one row, and transformers
-    # keeps its sequences apart from the position ids (a block-diagonal mask; the loss equals the
-    # padded batch's to float rounding). Worth it for short, uneven rows (KnowRL's: 60% of a padded
-    # batch was padding, 40 steps 1.5x faster); on attention kernels without variable-length support
-    # (CPU's sdpa) the mask is quadratic in the row, so batches of long trajectories get slower.
+    # The same batches without padding: TRL's collator joins a batch into one row, and its
+    # sequences stay apart (the loss equals the padded batch's to float rounding): on a GPU through
+    # the varlen kernels, on the CPU by attending one sequence at a time
+    # (ragrl.train.packed_attention; transformers' SDPA path would attend over the whole row under
+    # a block-diagonal mask, quadratic in the row). Worth it for short, uneven rows (KnowRL's: 60%
+    # of a padded batch was padding); for trajectories of 500 tokens in batches of 8, ~10%.
     padding_free: bool = setting(False, help="join each batch into one unpadded row (short sequences)")
     # TRL's SFTTrainer computes the loss with its fused, tiled LM head, which never builds the
     # (tokens x vocab) logits: that saves gigabytes at a 150k vocabulary, but at a few thousand its

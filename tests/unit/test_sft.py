@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import http.server
+import itertools
 import json
 import re
 import threading
@@ -31,6 +32,7 @@ from ragrl.agent.retriever_adapter import AgentRetriever
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
 from ragrl.retrieval.searcher import load_searcher
 from ragrl.retrieval.sparse import build_bm25
+from ragrl.train import packed_attention
 from ragrl.train.merge import merge_lora
 from ragrl.train.sft import SFTArgs, build_trainer, train_sft
 from ragrl.train.sft_data import (
@@ -354,7 +356,7 @@ def test_right_padded_batches_train_without_the_mask_as_with_it(tiny, gold_parqu
 
 
 @pytest.mark.parametrize("fused", [None, True], ids=["auto-full-logits", "trl-fused"])
-def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_path, fused):
+def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_path, fused, monkeypatch):
     # One unpadded row per batch must be the same batch to the model: every sequence attends only to
     # itself (a leak across the join would change the loss), no target crosses a join, and the
     # logged token count is the real tokens'.
@@ -367,6 +369,12 @@ def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_pat
     assert len(set(lengths)) > 1  # uneven rows, or padding would be nothing to remove
     batches = [padded.data_collator(rows), joined.data_collator(rows)]
     assert batches[1]["input_ids"].shape == (1, sum(lengths)) and "attention_mask" not in batches[1]
+    # The joined row attends one sequence at a time (ragrl.train.packed_attention), not under a
+    # block mask over the whole row.
+    assert joined.model.config._attn_implementation == packed_attention.NAME
+    spans = []
+    real_bounds = packed_attention.packed_bounds
+    monkeypatch.setattr(packed_attention, "packed_bounds", lambda *a: spans.append(real_bounds(*a)) or spans[-1])
     results = []
     for trainer, batch in zip((padded, joined), batches):
         model = trainer.model.train()
@@ -383,6 +391,18 @@ def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_pat
         assert metrics_j[key] == pytest.approx(metrics_p[key], rel=1e-4), key
     if fused is None:  # ours counts the row's tokens; TRL's fused path counts its own way
         assert metrics_j["num_tokens"] == metrics_p["num_tokens"] == sum(lengths)
+    bounds = [0, *itertools.accumulate(lengths)]
+    assert spans == [bounds] * joined.model.config.num_hidden_layers  # every layer of the joined row, none of the padded batch
+
+
+def test_padding_free_checkpoint_does_not_name_the_training_attention(tiny, gold_parquet, tmp_path):
+    # The per-sequence attention is registered only in the SFT process: a checkpoint naming it
+    # would not load in evaluation, vLLM or a user's own script.
+    out = train_sft(tiny.model_dir, gold_parquet, tmp_path / "pf", SFTArgs(max_steps=1, batch_size=4, padding_free=True))
+    config = json.loads((out / "config.json").read_text())
+    assert packed_attention.NAME not in json.dumps(config)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert model.config._attn_implementation == "sdpa"
 
 
 def _epoch_padding(trainer) -> tuple[list[int], int]:

@@ -88,8 +88,20 @@ def sft_config(args: SFTArgs, output_dir: str | Path):
         eval_strategy="no",
         dataloader_num_workers=0,
         dataloader_pin_memory=torch.cuda.is_available(),
-        model_init_kwargs={"dtype": "bfloat16" if _bf16(args.bf16) else "float32"},
+        model_init_kwargs=_model_init_kwargs(args),
     )
+
+
+def _model_init_kwargs(args: SFTArgs) -> dict:
+    kwargs = {"dtype": "bfloat16" if _bf16(args.bf16) else "float32"}
+    if args.padding_free and not torch.cuda.is_available():
+        # Without flash-attention, SDPA would attend over the whole joined row under a block
+        # mask; this attends within each sequence (ragrl.train.packed_attention). On a GPU the
+        # model's own choice stays (TRL asks for flash-attention there).
+        from ragrl.train import packed_attention
+
+        kwargs["attn_implementation"] = packed_attention.register()
+    return kwargs
 
 
 def uses_fused_lm_head(args: SFTArgs, vocab_size: int) -> bool:

@@ -1,0 +1,65 @@
+"""Attention over a padding-free row one sequence at a time (`sft.padding_free`).
+
+TRL's padding-free collator joins a batch's sequences into one row and passes their boundaries
+(`cu_seq_lens_q` / `cu_seq_lens_k`, the varlen kernels' arguments) along with position ids that
+restart at each sequence. Without flash-attention (CPU), transformers' SDPA path turns those
+position ids into a block-diagonal mask over the whole row and attends over all L x L pairs, so
+a row of 16 sequences costs 16x the attention of the sequences alone, plus the masked kernel's
+slower path. The function registered here runs SDPA once per sequence with `is_causal`, which
+is what the varlen kernels do on a GPU: Σ len² instead of L² work, and the causal kernel.
+
+Anything that is not a packed row (padding, a KV cache, several rows, different query and key
+boundaries) goes to transformers' own SDPA function with the mask transformers built for it; the
+mask interface is SDPA's, so that mask is the one `sdpa` would get.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAME = "ragrl_packed_sdpa"
+
+
+def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                          is_causal=None, **kwargs):
+    """transformers' attention-function signature: query [B, H, L, D], key/value [B, KV, L, D];
+    returns ([B, L, H, D], None)."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    bounds = packed_bounds(query, key, kwargs)
+    if bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    out = torch.cat([
+        torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout, scale=scaling, is_causal=True)
+        for s, e in zip(bounds[:-1], bounds[1:])
+    ], dim=2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def packed_bounds(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> list[int] | None:
+    """The sequence boundaries [0, ..., L] of a packed row, or None for anything else."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None or cu_k is None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:
+        return None
+    if kwargs.get("past_key_values") is not None or not torch.equal(cu_q, cu_k):
+        return None
+    bounds = [int(b) for b in cu_q.tolist()]
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != query.shape[2] or any(b >= a for a, b in
+                                                                               zip(bounds[1:], bounds[:-1])):
+        return None
+    return bounds
+
+
+def register() -> str:
+    """Make NAME a valid `attn_implementation` (idempotent); returns it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, packed_sdpa_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    return NAME

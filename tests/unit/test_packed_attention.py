@@ -1,0 +1,66 @@
+"""Per-sequence attention over a padding-free row (ragrl.train.packed_attention): on a packed row it
+equals SDPA under the block-diagonal causal mask transformers builds, grouped-query heads
+included; anything else is SDPA's own call, unchanged."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ragrl.train.packed_attention import packed_bounds, packed_sdpa_attention
+
+LENGTHS = [3, 7, 1, 5]
+
+
+def _qkv(heads=4, kv_heads=2, dim=8, length=sum(LENGTHS), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, heads, length, dim, generator=gen), torch.randn(1, kv_heads, length, dim, generator=gen),
+            torch.randn(1, kv_heads, length, dim, generator=gen))
+
+
+def _cu(lengths=LENGTHS):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _block_causal(lengths=LENGTHS):
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    pos = torch.arange(len(seq))
+    return ((seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None]))[None, None]
+
+
+def test_packed_row_equals_sdpa_under_the_block_mask():
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    q, k, v = _qkv()
+    cu = _cu()
+    got, _ = packed_sdpa_attention(module, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    want, _ = sdpa_attention_forward(module, q, k, v, _block_causal(), scaling=0.3)
+    assert got.shape == want.shape == (1, sum(LENGTHS), 4, 8)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # a leak across a join would change the second sequence's first token
+    leaky, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.3, is_causal=True)
+    assert not torch.allclose(leaky[:, 3], want[:, 3], atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["no bounds", "two rows", "cache", "q and k differ", "bounds short of the row"])
+def test_anything_else_is_sdpa_as_is(case):
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    q, k, v = _qkv()
+    mask = _block_causal()
+    kwargs = {"cu_seq_lens_q": _cu(), "cu_seq_lens_k": _cu()}
+    if case == "no bounds":
+        kwargs = {}
+    elif case == "two rows":
+        q, k, v, mask = (torch.cat([t, t]) for t in (q, k, v, mask))
+    elif case == "cache":
+        kwargs["past_key_values"] = object()
+    elif case == "q and k differ":
+        kwargs["cu_seq_lens_k"] = _cu([3, 8, 5])
+    else:
+        kwargs = {"cu_seq_lens_q": _cu([3, 7]), "cu_seq_lens_k": _cu([3, 7])}
+    assert packed_bounds(q, k, kwargs) is None
+    got, _ = packed_sdpa_attention(module, q, k, v, mask, **kwargs)
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+    assert torch.equal(got, want)
