@@ -177,11 +177,11 @@ class SFTArgs:
     # of example (1-hop vs multi-hop trajectories), one-kind batches can train worse (config.yaml).
     group_by_length: bool = setting(False, help="batches of similar lengths (less padding)")
     # The same batches without padding: TRL's collator joins a batch into one row, and its
-    # sequences stay apart (the loss equals the padded batch's to float rounding): on a GPU through
-    # the varlen kernels, on the CPU by attending one sequence at a time
-    # (ragrl.train.packed_attention; transformers' SDPA path would attend over the whole row under
-    # a block-diagonal mask, quadratic in the row). Worth it for short, uneven rows (KnowRL's: 60%
-    # of a padded batch was padding); for trajectories of 500 tokens in batches of 8, ~10%.
+    # sequences stay apart (the loss equals the padded batch's to float rounding) by attending one
+    # sequence at a time (ragrl.train.packed_attention; transformers' default, SDPA, would attend
+    # over the whole row under a block-diagonal mask, quadratic in the row). Worth it for short,
+    # uneven rows (KnowRL's: 60% of a padded batch was padding); Search-R1's trajectories (~500
+    # tokens, batches of 8, 25% padding) train 1.1-1.3x faster per token (docs/BENCHMARKS.md).
     padding_free: bool = setting(False, help="join each batch into one unpadded row (short sequences)")
     # TRL's SFTTrainer computes the loss with its fused, tiled LM head, which never builds the
     # (tokens x vocab) logits: that saves gigabytes at a 150k vocabulary, but at a few thousand its
@@ -244,7 +244,7 @@ class RLConfig:
                                                  "default: rollout.temperature)")
     mixed_precision: str = setting("no", choices=MIXED_PRECISION, help="bf16 fills DeepSpeed's 'auto' bf16 switch")
     log_entropy: bool = setting(True, help="log the policy's entropy (a softmax over the vocabulary at every response "
-                                           "position in the no-grad pass)")
+                                           "position, outside the gradient graph)")
     # The LM head, log-softmax and gather run on this many positions at a time, checkpointed in the
     # update (docs/RL.md, "Memory").
     logprob_chunk_tokens: int = setting(1024, ge=0, help="response positions whose logits exist at once in the "

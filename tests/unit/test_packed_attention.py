@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers.integrations import sdpa_attention as sdpa_module
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ragrl.train.packed_attention import packed_bounds, packed_sdpa_attention
@@ -44,23 +45,43 @@ def test_packed_row_equals_sdpa_under_the_block_mask():
     assert not torch.allclose(leaky[:, 3], want[:, 3], atol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["no bounds", "two rows", "cache", "q and k differ", "bounds short of the row"])
-def test_anything_else_is_sdpa_as_is(case):
+CASES = ["no bounds", "two rows", "decoding", "q and k differ", "bounds short of the row", "sliding window",
+         "soft-capping", "sinks", "bidirectional (argument)", "bidirectional (module)"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_anything_else_is_sdpa_as_is(case, monkeypatch):
     module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
     q, k, v = _qkv()
     mask = _block_causal()
     kwargs = {"cu_seq_lens_q": _cu(), "cu_seq_lens_k": _cu()}
+    is_causal = None
     if case == "no bounds":
         kwargs = {}
     elif case == "two rows":
         q, k, v, mask = (torch.cat([t, t]) for t in (q, k, v, mask))
-    elif case == "cache":
-        kwargs["past_key_values"] = object()
+    elif case == "decoding":  # one new query against the cached keys
+        q, mask = q[:, :, -1:], mask[:, :, -1:]
     elif case == "q and k differ":
         kwargs["cu_seq_lens_k"] = _cu([3, 8, 5])
-    else:
+    elif case == "bounds short of the row":
         kwargs = {"cu_seq_lens_q": _cu([3, 7]), "cu_seq_lens_k": _cu([3, 7])}
-    assert packed_bounds(q, k, kwargs) is None
-    got, _ = packed_sdpa_attention(module, q, k, v, mask, **kwargs)
-    want, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)
-    assert torch.equal(got, want)
+    elif case == "sliding window":
+        kwargs["sliding_window"] = 4
+    elif case == "soft-capping":
+        kwargs["softcap"] = 30.0
+    elif case == "sinks":
+        kwargs["s_aux"] = torch.zeros(4)
+    elif case == "bidirectional (argument)":
+        is_causal = False
+    else:
+        module.is_causal = False
+    assert packed_bounds(module, q, k, is_causal, kwargs) is None
+    calls = []
+    monkeypatch.setattr(sdpa_module, "sdpa_attention_forward", lambda *a, **kw: calls.append((a, kw)) or ("sdpa", None))
+    assert packed_sdpa_attention(module, q, k, v, mask, is_causal=is_causal, **kwargs) == ("sdpa", None)
+    (args, passed), = calls
+    assert args[0] is module and args[1] is q and args[4] is mask  # as given, with transformers' mask
+    want = {"dropout": 0.0, "scaling": None, "is_causal": is_causal, **kwargs}
+    assert passed.keys() == want.keys()
+    assert all(passed[key] is want[key] if torch.is_tensor(want[key]) else passed[key] == want[key] for key in want)

@@ -81,7 +81,7 @@ def test_chunked_gradients_equal_the_full_logits(chunk):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
-def test_chunks_run_checkpointed_with_gradients_and_entropy_only_without():
+def test_chunks_run_checkpointed_with_gradients():
     # The training pass must not keep every chunk's logits for the backward: each chunk's head
     # runs a second time in the backward (recomputation) instead.
     head, h, labels = _head_problem()

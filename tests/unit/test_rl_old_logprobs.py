@@ -42,27 +42,38 @@ def test_only_one_update_per_step_takes_its_own_log_probs():
     assert old_logprobs_from_update(RLConfig(algorithm="ppo"), critic=object())
 
 
-def _run(model_dir, out, monkeypatch, separate_pass: bool, chunk: int):
+def _run(model_dir, out, monkeypatch, separate_pass: bool, chunk: int, tied: bool = False):
     prompts = rl_toy.make_prompts(model_dir, n=2)
     inner = rl_toy.make_rollout(list(range(0, 150)), max_new_tokens=6)
 
     def rollout(batch, n, model, step_no):
-        # Rewards that differ inside every group, so every step updates (see test_rl_mini_batches).
-        return [dataclasses.replace(s, reward=s.stats["searches"] / max(len(s.response_ids), 1) + 1e-3 * (i % n))
+        # Rewards that differ inside every group, so every step updates (see test_rl_mini_batches);
+        # or all equal, so every group ties and no step updates.
+        return [dataclasses.replace(s, reward=0.5 if tied else s.stats["searches"] / max(len(s.response_ids), 1)
+                                    + 1e-3 * (i % n))
                 for i, s in enumerate(inner(batch, n, model, step_no))]
 
     scored = []
     real_score = rl_mod.score
-    monkeypatch.setattr(rl_mod, "score", lambda model, *a, **k: scored.append(model.training) or real_score(model, *a, **k))
+    monkeypatch.setattr(rl_mod, "score", lambda model, *a, **k: scored.append(model) or real_score(model, *a, **k))
     if separate_pass:
         monkeypatch.setattr(rl_mod, "old_logprobs_from_update", lambda cfg, critic=None: False)
     # Two micro-batches of 4 rows: the scoring pass and the update see the same rows together.
     cfg = RLConfig(steps=3, batch_prompts=2, group_size=4, micro_batch_size=4, lr=0.01, kl_coef=0.05, seed=3,
-                   checkpoint_every=10, temperature=0.9, logprob_chunk_tokens=chunk)
+                   checkpoint_every=10, temperature=0.9, logprob_chunk_tokens=chunk, filter_tied_groups=True)
     final = train_rl(model_dir, None, prompts, rollout, cfg, out)
     monkeypatch.undo()
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     return log, load_file(str(final / "model.safetensors")), len(scored)
+
+
+def test_a_step_without_an_update_still_logs_kl_and_entropy(model_dir, tmp_path, monkeypatch):
+    # Every group ties: no update runs, so the policy is scored for the log after all.
+    got, _, got_passes = _run(model_dir, tmp_path / "own", monkeypatch, False, 5, tied=True)
+    want, _, want_passes = _run(model_dir, tmp_path / "pass", monkeypatch, True, 5, tied=True)
+    assert (got_passes, want_passes) == (6, 6) and [r["tied_group_share"] for r in got] == [1.0] * 3
+    for g, w in zip(got, want):
+        assert g["kl"] == w["kl"] == 0.0 and g["entropy"] == pytest.approx(w["entropy"], rel=1e-6) and w["entropy"] > 0.1
 
 
 @pytest.mark.parametrize("chunk", [0, 5])

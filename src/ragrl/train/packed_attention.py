@@ -2,15 +2,17 @@
 
 TRL's padding-free collator joins a batch's sequences into one row and passes their boundaries
 (`cu_seq_lens_q` / `cu_seq_lens_k`, the varlen kernels' arguments) along with position ids that
-restart at each sequence. Without flash-attention (CPU), transformers' SDPA path turns those
-position ids into a block-diagonal mask over the whole row and attends over all L x L pairs, so
-a row of 16 sequences costs 16x the attention of the sequences alone, plus the masked kernel's
-slower path. The function registered here runs SDPA once per sequence with `is_causal`, which
-is what the varlen kernels do on a GPU: Σ len² instead of L² work, and the causal kernel.
+restart at each sequence. Without flash-attention, transformers' SDPA path (its default) turns
+those position ids into a block-diagonal mask over the whole row and attends over all L x L
+pairs, so a row of 16 sequences costs 16x the attention of the sequences alone, plus the masked
+kernel's slower path. The function registered here runs SDPA once per sequence with `is_causal`,
+which is what the varlen kernels do: Σ len² instead of L² work, and the causal kernel.
 
-Anything that is not a packed row (padding, a KV cache, several rows, different query and key
-boundaries) goes to transformers' own SDPA function with the mask transformers built for it; the
-mask interface is SDPA's, so that mask is the one `sdpa` would get.
+Anything that is not a plain causal packed row goes to transformers' own SDPA function with the
+mask transformers built for it (the mask interface is SDPA's, so that mask is the one `sdpa`
+would get): padding, decoding against a cache (queries shorter than keys), several rows, query
+and key boundaries that differ, and attention this function does not reproduce (a sliding
+window, soft-capping, attention sinks, a position bias, bidirectional attention).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import torch
 
 NAME = "ragrl_packed_sdpa"
+# Keyword arguments that change what attention computes; with any of them set, SDPA's own path runs.
+_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "position_bias")
 
 
 def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -26,11 +30,11 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     returns ([B, L, H, D], None)."""
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-    bounds = packed_bounds(query, key, kwargs)
+    bounds = packed_bounds(module, query, key, is_causal, kwargs)
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    groups = getattr(module, "num_key_value_groups", 1)
+    groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     out = torch.cat([
@@ -41,16 +45,17 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     return out.transpose(1, 2).contiguous(), None
 
 
-def packed_bounds(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> list[int] | None:
-    """The sequence boundaries [0, ..., L] of a packed row, or None for anything else."""
+def packed_bounds(module, query: torch.Tensor, key: torch.Tensor, is_causal, kwargs: dict) -> list[int] | None:
+    """The sequence boundaries [0, ..., L] of a plain causal packed row, or None for anything else."""
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None or cu_k is None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:
         return None
-    if kwargs.get("past_key_values") is not None or not torch.equal(cu_q, cu_k):
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if not causal or any(kwargs.get(k) is not None for k in _UNSUPPORTED) or not torch.equal(cu_q, cu_k):
         return None
     bounds = [int(b) for b in cu_q.tolist()]
-    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != query.shape[2] or any(b >= a for a, b in
-                                                                               zip(bounds[1:], bounds[:-1])):
+    rising = all(a < b for a, b in zip(bounds, bounds[1:]))
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != query.shape[2] or not rising:
         return None
     return bounds
 

@@ -362,7 +362,9 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
         if not with_entropy:
             return logp, None
         with torch.no_grad():
-            return logp, entropy_from_logits(logits.detach(), temperature)
+            # Row by row: in the update the graph still holds these logits, and entropy's
+            # temporaries would be several more [B, R, V] tensors beside them.
+            return logp, torch.cat([entropy_from_logits(row, temperature) for row in logits.detach().split(1)])
     with autocast():
         hidden = response_hidden(model, batch, head)
 
@@ -381,9 +383,10 @@ def old_logprobs_from_update(cfg: RLConfig, critic=None) -> bool:
 
     With one epoch of one mini-batch the update differentiates the very policy that rolled out,
     so its log-probs, detached, are the old ones (the ratio is 1, as TRL's GRPOTrainer does when
-    `num_iterations` is 1): the pass would compute the same numbers again (bit for bit on the
-    CPU, same kernels and rows). Several updates per step need the rollout policy's log-probs
-    fixed before the first one, and a KL in the reward (ppo) needs them for the advantages.
+    `num_iterations` is 1): the pass would compute the same numbers again, up to rounding where
+    it grouped the rows otherwise (on the default run's CPU jobs, bit for bit). Several updates
+    per step need the rollout policy's log-probs fixed before the first one, and a KL in the
+    reward (ppo) needs them for the advantages.
     """
     return cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1 and not (critic is not None and cfg.use_kl_in_reward)
 
@@ -747,18 +750,18 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
             "critic_grad_norm": pooled_critic["critic_grad_norm"] / world if critic_norms else None,
             "critic_lr": critic[1].param_groups[0]["lr"],
         }
-    policy_logp = None
+    update_logp = update_entropy = None
     if cfg.filter_tied_groups and pooled["tied_groups"] == pooled["groups"]:
         losses, grad_norms, clip_fracs = [0.0], [], [0.0]  # nothing to learn from: no update
     else:
-        losses, grad_norms, clip_fracs, policy_logp, entropy = _update(
+        losses, grad_norms, clip_fracs, update_logp, update_entropy = _update(
             accelerator, model, optimizer, cfg, step, batch, advantages, old_logp, ref_logp, n_micro)
     if from_update:
-        if policy_logp is None:  # no update ran: score the (unchanged) policy for the log
-            policy_logp, entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy,
-                                         accelerator.autocast, cfg.logprob_chunk_tokens)
-        kl = kl_per_token(policy_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None else None
-        pooled.update(_pooled_sums(accelerator, logged_kl_entropy(kl, entropy, mask)))
+        if update_logp is None:  # no update ran: score the (unchanged) policy for the log
+            update_logp, update_entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy,
+                                                accelerator.autocast, cfg.logprob_chunk_tokens)
+        kl = kl_per_token(update_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None else None
+        pooled.update(_pooled_sums(accelerator, logged_kl_entropy(kl, update_entropy, mask)))
     with warnings.catch_warnings():
         # A skipped (all-tied) step still advances the schedule, so LR stays a function of the step.
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
@@ -805,6 +808,8 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
     device = accelerator.device
     n = advantages.shape[0]
     own = old_logp is None
+    if own and not (cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1):
+        raise ValueError("old log-probs from the update need one update per step (old_logprobs_from_update)")
     own_logp = torch.zeros(advantages.shape, dtype=torch.float32) if own else None
     own_entropy = torch.zeros(advantages.shape, dtype=torch.float32) if own and cfg.log_entropy else None
     gen = _shuffle_generator(cfg, step, accelerator.process_index)

@@ -94,10 +94,10 @@ def sft_config(args: SFTArgs, output_dir: str | Path):
 
 def _model_init_kwargs(args: SFTArgs) -> dict:
     kwargs = {"dtype": "bfloat16" if _bf16(args.bf16) else "float32"}
-    if args.padding_free and not torch.cuda.is_available():
-        # Without flash-attention, SDPA would attend over the whole joined row under a block
-        # mask; this attends within each sequence (ragrl.train.packed_attention). On a GPU the
-        # model's own choice stays (TRL asks for flash-attention there).
+    if args.padding_free:
+        # transformers' default, SDPA, would attend over the whole joined row under a block mask
+        # (TRL asks for no implementation); this attends within each sequence, as the varlen
+        # kernels of flash-attention do (ragrl.train.packed_attention).
         from ragrl.train import packed_attention
 
         kwargs["attn_implementation"] = packed_attention.register()
