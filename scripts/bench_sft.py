@@ -59,8 +59,8 @@ def run(setting: str, on: bool, args, work: Path) -> dict:
     print(f"[bench-sft] {setting}={on} ({type(trainer).__name__}): {args.steps} steps in {wall:.1f} s, "
           f"{tokens / wall:.0f} trained tokens/s, padding {share:.1%} of an epoch's batch tokens, "
           f"train loss {result.training_loss:.5f}", file=sys.stderr, flush=True)
-    return {"attention": trainer.model.config._attn_implementation, "wall_s": round(wall, 2), "s_per_step": round(wall / args.steps, 3), "tokens": int(tokens),
-            "tokens_per_s": round(tokens / wall, 1), "padding_share": round(share, 4),
+    return {"attention": trainer.model.config._attn_implementation, "wall_s": round(wall, 2),
+            "s_per_step": round(wall / args.steps, 3), "tokens": int(tokens), "tokens_per_s": round(tokens / wall, 1), "padding_share": round(share, 4),
             "train_loss": round(result.training_loss, 6)}
 
 
@@ -80,8 +80,6 @@ def main() -> None:
     for results in measured:
         results["throughput_on_over_off"] = round(results["on"]["tokens_per_s"] / results["off"]["tokens_per_s"], 3)
         results["same_loss"] = abs(results["on"]["train_loss"] - results["off"]["train_loss"]) < 1e-4
-    for results in measured:
-        results["attention"] = {mode: results[mode].get("attention") for mode in ("off", "on")}
     emit_json({"compare": args.compare, "data": args.data, "steps": args.steps, "batch_size": args.batch_size,
                "threads": args.threads, "torch": torch.__version__, "rounds": measured}, args.out)
 

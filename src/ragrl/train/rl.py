@@ -808,7 +808,7 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
     device = accelerator.device
     n = advantages.shape[0]
     own = old_logp is None
-    if own and not (cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1):
+    if own and not old_logprobs_from_update(cfg):
         raise ValueError("old log-probs from the update need one update per step (old_logprobs_from_update)")
     own_logp = torch.zeros(advantages.shape, dtype=torch.float32) if own else None
     own_entropy = torch.zeros(advantages.shape, dtype=torch.float32) if own and cfg.log_entropy else None
