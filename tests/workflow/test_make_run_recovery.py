@@ -132,7 +132,10 @@ def test_make_run_recovers_after_kill_9(tmp_path):
                              cwd=repo, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while not (repo / "logs/tiny_model.log").exists():
+    # The job's log can appear before Snakemake writes its incomplete marker: wait for both, so the
+    # kill lands inside the job as a node loss does.
+    incomplete = repo / ".snakemake/incomplete"
+    while not ((repo / "logs/tiny_model.log").exists() and incomplete.is_dir() and os.listdir(incomplete)):
         assert first.poll() is None and time.monotonic() < deadline, "the first run ended before it could be killed"
         time.sleep(0.5)
     os.killpg(first.pid, signal.SIGKILL)  # snakemake and its job, as a node loss or OOM kill does
