@@ -99,6 +99,9 @@ rule rl:
         "logs/rl/{recipe}.log",
     benchmark:
         "benchmarks/rl/{recipe}.tsv"
+    # An RL job gates its merge and two evaluations: started before the ready leaf jobs, it keeps
+    # the DAG's tail short (left to the scheduler, RAG-R1's RL once waited 6 minutes for a core).
+    priority: 1
     threads: rule_threads("rl")
     resources:
         **rule_resources("rl"),
