@@ -127,6 +127,8 @@ def test_make_run_recovers_after_kill_9(tmp_path):
     target = "results/models/tiny/config.json"
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, HF_HUB_OFFLINE="1", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # Its own process, not a fork of `make test`'s fork server: the job must live long enough to be killed.
+    env.pop("RAGRL_FORKSERVER", None)
 
     first = subprocess.Popen([str(bin_dir / "snakemake"), "--cores", "1", "--configfile=run.yaml", target],
                              cwd=repo, env=env, start_new_session=True,
@@ -137,7 +139,7 @@ def test_make_run_recovers_after_kill_9(tmp_path):
     incomplete = repo / ".snakemake/incomplete"
     while not ((repo / "logs/tiny_model.log").exists() and incomplete.is_dir() and os.listdir(incomplete)):
         assert first.poll() is None and time.monotonic() < deadline, "the first run ended before it could be killed"
-        time.sleep(0.5)
+        time.sleep(0.1)
     os.killpg(first.pid, signal.SIGKILL)  # snakemake and its job, as a node loss or OOM kill does
     first.wait()
     assert os.listdir(repo / ".snakemake/locks") and os.listdir(repo / ".snakemake/incomplete")
