@@ -60,8 +60,8 @@ def run(setting: str, on: bool, args, work: Path) -> dict:
           f"{tokens / wall:.0f} trained tokens/s, padding {share:.1%} of an epoch's batch tokens, "
           f"train loss {result.training_loss:.5f}", file=sys.stderr, flush=True)
     return {"attention": trainer.model.config._attn_implementation, "wall_s": round(wall, 2),
-            "s_per_step": round(wall / args.steps, 3), "tokens": int(tokens), "tokens_per_s": round(tokens / wall, 1), "padding_share": round(share, 4),
-            "train_loss": round(result.training_loss, 6)}
+            "s_per_step": round(wall / args.steps, 3), "tokens": int(tokens), "tokens_per_s": round(tokens / wall, 1),
+            "padding_share": round(share, 4), "train_loss": round(result.training_loss, 6)}
 
 
 def main() -> None:

@@ -133,13 +133,15 @@ def test_make_run_recovers_after_kill_9(tmp_path):
     first = subprocess.Popen([str(bin_dir / "snakemake"), "--cores", "1", "--configfile=run.yaml", target],
                              cwd=repo, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
     # The job's log can appear before Snakemake writes its incomplete marker: wait for both, so the
     # kill lands inside the job as a node loss does.
     incomplete = repo / ".snakemake/incomplete"
-    while not ((repo / "logs/tiny_model.log").exists() and incomplete.is_dir() and os.listdir(incomplete)):
-        assert first.poll() is None and time.monotonic() < deadline, "the first run ended before it could be killed"
-        time.sleep(0.1)
+
+    def job_started() -> bool:
+        return (repo / "logs/tiny_model.log").exists() and incomplete.is_dir() and bool(os.listdir(incomplete))
+
+    _wait_for(lambda: job_started() or first.poll() is not None, "the job did not start within 300 s", timeout=300)
+    assert first.poll() is None, "the first run ended before it could be killed"
     os.killpg(first.pid, signal.SIGKILL)  # snakemake and its job, as a node loss or OOM kill does
     first.wait()
     assert os.listdir(repo / ".snakemake/locks") and os.listdir(repo / ".snakemake/incomplete")
