@@ -17,6 +17,15 @@ as the DAG's), then the paired difference against the SFT run over the same 100 
 (`ragrl.results.paired.paired_bootstrap`), overall and per question type, searches per question,
 and the training reward's first and last quarter; written to OUT/<name>/summary.json and printed.
 
+With --sft-set key.path=JSON (repeatable): first a new cold start, `ragrl sft` on the run's own SFT
+data with the recipe's `sft` section changed (e.g. --sft-set sft.epochs=6), merged and evaluated, then
+RL from that start; the summary pairs the new SFT with the run's SFT and the RL with the new SFT.
+
+With --decision: the continue-or-answer decision the SFT model makes, teacher-forced on the run's own
+gold SFT trajectories: at the point after the first observation where the gold thought goes on with
+"Next I need to find out" or closes with "So the answer is" (`ragrl.toy.gold`), the probability of
+going on (of the two first tokens), by question type. Greedy decoding goes on where it is above 0.5.
+
 With --diagnose: G sampled rollouts per training question with the SFT model at the recipe's
 temperature, and per question type the success rate (EM), the share of rollouts by number of
 searches with each one's success rate, and how many groups hold any success or tie. This is what
@@ -93,35 +102,77 @@ def paired_summary(sft: Path, rl: Path, train_log: Path, metric: str = "em") -> 
     return out
 
 
-def ablate(args, recipe: dict, results: Path, out: Path) -> None:
+def evaluate(recipe: dict, method: str, run_id: str, model: Path, index: list[str], results: Path, out: Path,
+             log: Path, work_tree: Path) -> Path:
+    """Greedy evaluation on world_test as the DAG's eval rule runs it; returns the predictions file."""
+    dropped = ("rl", "reward", "sft", "train_dataset", "eval_datasets")
+    eval_recipe = {k: v for k, v in recipe.items() if k not in dropped}
+    run([sys.executable, "-m", "ragrl", "eval", "--recipe", json.dumps(eval_recipe), "--recipe-name", method, *index,
+         "--dataset", "world_test", "--qa", str(results / "world/qa/test.parquet"), "--model", str(model),
+         "--run-id", run_id, "--max-questions", "100", "--batch-size", "100", "--out", str(out)], log, work_tree)
+    return out / "world_test/predictions.parquet"
+
+
+def new_cold_start(args, recipe: dict, results: Path, out: Path, index: list[str]) -> tuple[Path, Path]:
+    """SFT from the run's base policy on the run's SFT data with `recipe["sft"]` (already patched):
+    the merged model and its test predictions."""
     work_tree = results.parent
     py = sys.executable
-    method = args.method
-    sft = results / f"models/{method}/sft_merged"
-    out.mkdir(parents=True, exist_ok=True)
-    index = ["--index", str(results / "index/world/flat"), "--mode", "dense"]
-    run([py, "-m", "ragrl", "rl", "--recipe", json.dumps(recipe), "--recipe-name", method, *index,
-         "--qa", str(results / "world/qa/train.parquet"), "--policy", str(sft), "--limit", "0",
-         "--out", str(out / "work"), "--log-out", str(out / "train_log.jsonl")], out / "rl.log", work_tree)
-    run([py, "-m", "ragrl", "merge", "--base", str(sft), "--adapter", str(out / "work/final"),
-         "--out", str(out / "merged")], out / "merge.log", work_tree)
-    eval_recipe = {k: v for k, v in recipe.items() if k not in ("rl", "reward", "sft", "train_dataset", "eval_datasets")}
-    run([py, "-m", "ragrl", "eval", "--recipe", json.dumps(eval_recipe), "--recipe-name", method, *index,
-         "--dataset", "world_test", "--qa", str(results / "world/qa/test.parquet"), "--model", str(out / "merged"),
-         "--run-id", args.name, "--max-questions", "100", "--batch-size", "100", "--out", str(out / "eval")],
-        out / "eval.log", work_tree)
-    summary = {"name": args.name, "method": method, "sets": args.set,
-               **paired_summary(results / f"eval/{method}_sft/world_test/predictions.parquet",
-                                out / "eval/world_test/predictions.parquet", out / "train_log.jsonl", args.metric)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    base = results / "models/pretrained"
+    sft_recipe = {"seed": recipe.get("seed", 0), "sft": recipe["sft"]}
+    run([py, "-m", "ragrl", "sft", "--recipe", json.dumps(sft_recipe), "--recipe-name", args.method,
+         "--data", str(results / f"sft_data/{args.method}.parquet"), "--policy", str(base),
+         "--out", str(out / "sft")], out / "sft.log", work_tree)
+    run([py, "-m", "ragrl", "merge", "--base", str(base), "--adapter", str(out / "sft"),
+         "--out", str(out / "sft_merged")], out / "sft_merge.log", work_tree)
+    preds = evaluate(recipe, args.method, f"{args.name}_sft", out / "sft_merged", index, results, out / "sft_eval",
+                     out / "sft_eval.log", work_tree)
+    return out / "sft_merged", preds
+
+
+def print_rows(summary: dict, prefix: str = "") -> None:
     for label, row in summary.items():
         if isinstance(row, dict) and "diff" in row:
             d = row["diff"]
             sft_q, rl_q = row["sft_distinct_per_search"], row["rl_distinct_per_search"]
             distinct = f" distinct/search {sft_q:.2f} -> {rl_q:.2f}" if None not in (sft_q, rl_q) else ""
-            print(f"{label:11s} n={row['n']:3d} {row['metric']} {row['sft_mean']:.3f} -> {row['rl_mean']:.3f} "
+            print(f"{prefix}{label:11s} n={row['n']:3d} {row['metric']} {row['sft_mean']:.3f} -> {row['rl_mean']:.3f} "
                   f"diff {d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] "
                   f"searches {row['sft_searches']:.2f} -> {row['rl_searches']:.2f}{distinct}")
+
+
+def ablate(args, recipe: dict, results: Path, out: Path) -> None:
+    work_tree = results.parent
+    py = sys.executable
+    method = args.method
+    out.mkdir(parents=True, exist_ok=True)
+    index = ["--index", str(results / "index/world/flat"), "--mode", "dense"]
+    run_sft_preds = results / f"eval/{method}_sft/world_test/predictions.parquet"
+    if args.sft_set:
+        sft, sft_preds = new_cold_start(args, recipe, results, out, index)
+    else:
+        sft, sft_preds = results / f"models/{method}/sft_merged", run_sft_preds
+    run([py, "-m", "ragrl", "rl", "--recipe", json.dumps(recipe), "--recipe-name", method, *index,
+         "--qa", str(results / "world/qa/train.parquet"), "--policy", str(sft), "--limit", "0",
+         "--out", str(out / "work"), "--log-out", str(out / "train_log.jsonl")], out / "rl.log", work_tree)
+    run([py, "-m", "ragrl", "merge", "--base", str(sft), "--adapter", str(out / "work/final"),
+         "--out", str(out / "merged")], out / "merge.log", work_tree)
+    rl_preds = evaluate(recipe, method, args.name, out / "merged", index, results, out / "eval", out / "eval.log",
+                        work_tree)
+    summary = {"name": args.name, "method": method, "sets": args.set, "sft_sets": args.sft_set,
+               **paired_summary(sft_preds, rl_preds, out / "train_log.jsonl", args.metric)}
+    if args.sft_set:
+        # The new cold start against the run's own (its "rl" side is the new SFT), and the RL
+        # from the new start against the run's SFT: whether the change helps end to end.
+        summary["new_sft_vs_run_sft"] = paired_summary(run_sft_preds, sft_preds, out / "train_log.jsonl", args.metric)
+        summary["rl_vs_run_sft"] = paired_summary(run_sft_preds, rl_preds, out / "train_log.jsonl", args.metric)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print_rows(summary)
+    if args.sft_set:
+        print("the new SFT against the run's SFT:")
+        print_rows(summary["new_sft_vs_run_sft"], "  ")
+        print("the RL from the new SFT against the run's SFT:")
+        print_rows(summary["rl_vs_run_sft"], "  ")
     t = summary["train"]
     print(f"train reward {t['reward_first_quarter']:.3f} -> {t['reward_last_quarter']:.3f} over {t['steps']} steps, "
           f"final kl {t['final_kl']}, {t['step_time_s']:.1f} s/step")
@@ -176,22 +227,67 @@ def diagnose(args, recipe: dict, results: Path) -> None:
         print(json.dumps(row))
 
 
+# The two ways the world's gold thought goes on after an observation (ragrl.toy.gold.search_text
+# and answer_text): another hop, or the answer.
+GO_ON, STOP = " Next I need", " So the answer"
+
+
+def decision(args, results: Path) -> None:
+    import polars as pl
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = args.model or results / f"models/{args.method}/sft_merged"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    kinds = {r["id"]: json.loads(r["metadata"])["type"]
+             for r in pl.read_parquet(results / "world/qa/train.parquet").iter_rows(named=True)}
+    go_on, stop = tok(GO_ON).input_ids[0], tok(STOP).input_ids[0]
+    per_type: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
+    rows = pl.read_parquet(results / f"sft_data/{args.method}.parquet", columns=["id", "text"]).to_dicts()
+    for row in rows[: args.questions]:
+        text = row["text"]
+        first_obs = text.find("</information>")
+        cuts = [(text.find(phrase, first_obs), phrase == GO_ON) for phrase in (GO_ON, STOP)]
+        cuts = [(at, gold) for at, gold in cuts if at >= 0]
+        if first_obs < 0 or not cuts:
+            continue  # no search, or no decision after it
+        at, gold_go_on = min(cuts)
+        with torch.no_grad():
+            logits = model(torch.tensor([tok(text[:at]).input_ids])).logits[0, -1]
+        p = torch.softmax(logits.float(), -1)
+        per_type[kinds[row["id"]]].append((float(p[go_on] / (p[go_on] + p[stop])), gold_go_on))
+    for kind, values in sorted(per_type.items()):
+        probs = [v for v, _ in values]
+        print(json.dumps({"type": kind, "rows": len(values),
+                          "gold_goes_on": round(sum(g for _, g in values) / len(values), 3),
+                          "mean_p_go_on": round(sum(probs) / len(probs), 3),
+                          "greedy_goes_on": round(sum(v > 0.5 for v in probs) / len(probs), 3)}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, required=True, help="a finished run's results/ directory")
     p.add_argument("--method", default="search_r1", help="the default config's recipe (search_r1, rag_r1)")
     p.add_argument("--name", default="variant")
     p.add_argument("--set", action="append", default=[], help="key.path=JSON on top of the default recipe")
+    p.add_argument("--sft-set", action="append", default=[],
+                   help="key.path=JSON on top of the recipe: train a new SFT start with it first (sft.epochs=6)")
     p.add_argument("--out", type=Path, default=Path("rl_ablation"))
     p.add_argument("--metric", default="em", help="the per-question column compared paired (autograph_r1: recall@5)")
     p.add_argument("--diagnose", action="store_true", help="sampled rollouts of the SFT model by question type")
+    p.add_argument("--decision", action="store_true",
+                   help="teacher-forced P(another search) after the first observation, by question type")
+    p.add_argument("--model", type=Path, help="--decision: this model instead of the run's SFT model")
     p.add_argument("--questions", type=int, default=48)
     p.add_argument("--group", type=int, default=8)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    recipe = recipe_with(args.method, args.set)
+    recipe = recipe_with(args.method, args.set + args.sft_set)
     results = args.results.resolve()
-    if args.diagnose:
+    if args.decision:
+        decision(args, results)
+    elif args.diagnose:
         diagnose(args, recipe, results)
     else:
         ablate(args, recipe, results, (args.out / args.name).resolve())
