@@ -242,7 +242,7 @@ def decision(args, results: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     kinds = {r["id"]: json.loads(r["metadata"])["type"]
              for r in pl.read_parquet(results / "world/qa/train.parquet").iter_rows(named=True)}
-    go_on, stop = tok(GO_ON).input_ids[0], tok(STOP).input_ids[0]
+    go_on, stop = (tok(phrase, add_special_tokens=False).input_ids[0] for phrase in (GO_ON, STOP))
     per_type: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
     rows = pl.read_parquet(results / f"sft_data/{args.method}.parquet", columns=["id", "text"]).to_dicts()
     for row in rows[: args.questions]:
