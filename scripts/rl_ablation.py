@@ -76,7 +76,8 @@ def distinct_per_search(predictions) -> float | None:
     return sum(d / s for d, s in pairs) / len(pairs) if pairs else None
 
 
-def paired_summary(sft: Path, rl: Path, train_log: Path, metric: str = "em") -> dict:
+def paired_summary(sft: Path, rl: Path, metric: str = "em") -> dict:
+    """`rl` against `sft` over the same questions, overall and per question type."""
     import polars as pl
 
     from ragrl.results.paired import paired_bootstrap
@@ -93,13 +94,16 @@ def paired_summary(sft: Path, rl: Path, train_log: Path, metric: str = "em") -> 
                       "diff": {"diff": diff, "low": low, "high": high},
                       "sft_searches": x["searches"].mean(), "rl_searches": y["searches"].mean(),
                       "sft_distinct_per_search": distinct_per_search(x), "rl_distinct_per_search": distinct_per_search(y)}
+    return out
+
+
+def train_summary(train_log: Path) -> dict:
     steps = [json.loads(line) for line in train_log.read_text().splitlines() if line.strip()]
     rewards = [s["reward_mean"] for s in steps]
     q = max(1, len(rewards) // 4)
-    out["train"] = {"steps": len(steps), "reward_first_quarter": sum(rewards[:q]) / q,
-                    "reward_last_quarter": sum(rewards[-q:]) / q,
-                    "final_kl": steps[-1].get("kl"), "step_time_s": sum(s["step_time_s"] for s in steps) / len(steps)}
-    return out
+    return {"steps": len(steps), "reward_first_quarter": sum(rewards[:q]) / q,
+            "reward_last_quarter": sum(rewards[-q:]) / q,
+            "final_kl": steps[-1].get("kl"), "step_time_s": sum(s["step_time_s"] for s in steps) / len(steps)}
 
 
 def evaluate(recipe: dict, method: str, run_id: str, model: Path, index: list[str], results: Path, out: Path,
@@ -160,12 +164,12 @@ def ablate(args, recipe: dict, results: Path, out: Path) -> None:
     rl_preds = evaluate(recipe, method, args.name, out / "merged", index, results, out / "eval", out / "eval.log",
                         work_tree)
     summary = {"name": args.name, "method": method, "sets": args.set, "sft_sets": args.sft_set,
-               **paired_summary(sft_preds, rl_preds, out / "train_log.jsonl", args.metric)}
+               **paired_summary(sft_preds, rl_preds, args.metric), "train": train_summary(out / "train_log.jsonl")}
     if args.sft_set:
         # The new cold start against the run's own (its "rl" side is the new SFT), and the RL
         # from the new start against the run's SFT: whether the change helps end to end.
-        summary["new_sft_vs_run_sft"] = paired_summary(run_sft_preds, sft_preds, out / "train_log.jsonl", args.metric)
-        summary["rl_vs_run_sft"] = paired_summary(run_sft_preds, rl_preds, out / "train_log.jsonl", args.metric)
+        summary["new_sft_vs_run_sft"] = paired_summary(run_sft_preds, sft_preds, args.metric)
+        summary["rl_vs_run_sft"] = paired_summary(run_sft_preds, rl_preds, args.metric)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print_rows(summary)
     if args.sft_set:
@@ -182,6 +186,7 @@ def diagnose(args, recipe: dict, results: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ragrl.eval.evaluate import question_type
     from ragrl.io import read_columns
     from ragrl.recipe import parse_recipe
     from ragrl.stages.agent import environment, load_backends
@@ -203,7 +208,7 @@ def diagnose(args, recipe: dict, results: Path) -> None:
             samples = rollout(batch, args.group, model, 1)
         groups = collections.defaultdict(list)
         for s in samples:
-            kind = json.loads(batch[s.group]["metadata"])["type"]
+            kind = question_type(batch[s.group])
             em, n = s.stats.get("reward_em", 0.0), s.stats["searches"]
             c = per_type[kind]
             c["n"] += 1
@@ -212,7 +217,7 @@ def diagnose(args, recipe: dict, results: Path) -> None:
             c[f"em|searches={n}"] += em
             groups[s.group].append((s.reward, em))
         for g, members in groups.items():
-            c = per_type[json.loads(batch[g]["metadata"])["type"]]
+            c = per_type[question_type(batch[g])]
             c["groups"] += 1
             c["groups_with_success"] += any(em > 0 for _, em in members)
             c["tied_groups"] += len({r for r, _ in members}) == 1
@@ -227,28 +232,28 @@ def diagnose(args, recipe: dict, results: Path) -> None:
         print(json.dumps(row))
 
 
-# The two ways the world's gold thought goes on after an observation (ragrl.toy.gold.search_text
-# and answer_text): another hop, or the answer.
-GO_ON, STOP = " Next I need", " So the answer"
-
-
 def decision(args, results: Path) -> None:
     import polars as pl
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ragrl.eval.evaluate import question_type
+    from ragrl.toy.gold import ANSWER_LEAD, NEXT_HOP
+
     model_dir = args.model or results / f"models/{args.method}/sft_merged"
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    kinds = {r["id"]: json.loads(r["metadata"])["type"]
-             for r in pl.read_parquet(results / "world/qa/train.parquet").iter_rows(named=True)}
-    go_on, stop = (tok(phrase, add_special_tokens=False).input_ids[0] for phrase in (GO_ON, STOP))
+    train = pl.read_parquet(results / "world/qa/train.parquet", columns=["id", "metadata"])
+    kinds = {r["id"]: question_type(r) for r in train.iter_rows(named=True)}
+    # In the trajectories each phrase follows a space: " Next" and " So" are the tokens decided on.
+    go_on_text, stop_text = f" {NEXT_HOP}", f" {ANSWER_LEAD}"
+    go_on, stop = (tok(phrase, add_special_tokens=False).input_ids[0] for phrase in (go_on_text, stop_text))
     per_type: dict[str, list[tuple[float, bool]]] = collections.defaultdict(list)
     rows = pl.read_parquet(results / f"sft_data/{args.method}.parquet", columns=["id", "text"]).to_dicts()
     for row in rows[: args.questions]:
         text = row["text"]
         first_obs = text.find("</information>")
-        cuts = [(text.find(phrase, first_obs), phrase == GO_ON) for phrase in (GO_ON, STOP)]
+        cuts = [(text.find(phrase, first_obs), phrase == go_on_text) for phrase in (go_on_text, stop_text)]
         cuts = [(at, gold) for at, gold in cuts if at >= 0]
         if first_obs < 0 or not cuts:
             continue  # no search, or no decision after it
@@ -283,6 +288,9 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    not_sft = [item for item in args.sft_set if not item.startswith("sft.")]
+    if not_sft:
+        raise SystemExit(f"--sft-set {not_sft[0]!r}: only sft.* keys train a new start; give the others with --set")
     recipe = recipe_with(args.method, args.set + args.sft_set)
     results = args.results.resolve()
     if args.decision:

@@ -75,6 +75,12 @@ def _just_read(plan: GoldPlan, turn: int) -> list[str]:
     return [_read(plan.hops[i]) for i in plan.turns[turn - 1]] if turn > 0 else []
 
 
+# How a thought after an observation goes on: another hop, or the answer (scripts/rl_ablation.py's
+# --decision probes the policy's choice between the two).
+NEXT_HOP = "Next I need to find out:"
+ANSWER_LEAD = "So the answer is"
+
+
 # A space after <search> and <answer>, as in Search-R1's own prompt ("<answer> Beijing </answer>"):
 # byte-level BPE splits " Cheafeaxara" and "Cheafeaxara" into different pieces (ĠChea|f|eax|ara vs
 # C|hea|f|eax|ara), and the reader wrote and read names with the leading space. Without it the
@@ -86,7 +92,7 @@ def search_text(plan: GoldPlan, turn: int, joiner: str = " | ") -> str:
     known = _just_read(plan, turn)
     need = " and ".join(h.query for h in hops)
     if known:
-        thought = f"{' '.join(known)} Next I need to find out: {need}"
+        thought = f"{' '.join(known)} {NEXT_HOP} {need}"
     else:
         thought = f"I need to find out: {need}{_later(plan)}"
     return f"{THINK_OPEN}{thought}{THINK_CLOSE}\n{SEARCH_OPEN} {joiner.join(h.query for h in hops)}{SEARCH_CLOSE}"
@@ -112,4 +118,4 @@ def _later(plan: GoldPlan) -> str:
 
 def answer_text(plan: GoldPlan) -> str:
     facts = " ".join(_just_read(plan, len(plan.turns)))
-    return f"{THINK_OPEN}{facts} So the answer is {plan.answer}.{THINK_CLOSE}\n{ANSWER_OPEN} {plan.answer}{ANSWER_CLOSE}"
+    return f"{THINK_OPEN}{facts} {ANSWER_LEAD} {plan.answer}.{THINK_CLOSE}\n{ANSWER_OPEN} {plan.answer}{ANSWER_CLOSE}"
