@@ -109,6 +109,22 @@ def test_pairs_follow_the_lineage_links():
     }
 
 
+def test_a_run_starting_from_a_variant_is_also_paired_with_what_the_variant_varies():
+    lineage = parse_lineage({
+        "frozen": {"family": "r", "step": "base"},
+        "frozen_state": {"family": "r", "step": "state", "variant_of": "frozen"},
+        "trained": {"family": "r", "step": "rl", "start_run": "frozen_state"},
+        "trained_plain": {"family": "r", "step": "rl", "start_run": "frozen", "ablation_of": "trained"},
+    })
+    assert pair_set(derive_pairs(lineage)) == {
+        ("frozen_state", "frozen", "state vs base"),
+        ("trained", "frozen_state", "rl vs state"),
+        ("trained", "frozen", "rl vs base"),
+        ("trained_plain", "frozen", "rl vs base"),
+        ("trained_plain", "trained", "ablation vs full"),
+    }
+
+
 def test_method_pairs_are_final_runs_of_two_families_in_one_table():
     lineage = parse_lineage(LINEAGE)
     tables = [["base", "search_sft", "search_rl", "search_oracle", "multi_sft", "multi_rl"],
@@ -235,6 +251,7 @@ def test_workflow_lineage_of_an_ablation_sharing_the_sft_start(tmp_path):
     assert {p for p in pairs if p[0].startswith("harr")} == {
         ("harr_frozen_history", "harr_frozen", "history vs base"),
         ("harr", "harr_frozen_history", "rl vs history"),
+        ("harr", "harr_frozen", "rl vs base"),
         ("harr_no_history", "harr_frozen", "rl vs base"),
         ("harr_no_history", "harr", "ablation vs full"),
     }

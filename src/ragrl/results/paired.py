@@ -18,7 +18,8 @@ columns family, step, start_run, variant_of, ablation_of:
 
 `derive_pairs` turns each link into a pair (run, baseline, relation): ``"rl vs sft"``,
 ``"sft vs base"``, ``"oracle vs rl"``, ``"ablation vs full"``, ... (the two steps, or
-``ablation vs full``), and adds ``"method vs method"`` for the final runs (trained, neither a
+``ablation vs full``), one more for a run whose start is a variant (against the run the variant
+varies: HARR against the plain frozen encoder as well as the history-aware one), and adds ``"method vs method"`` for the final runs (trained, neither a
 variant nor an ablation, nobody's start) of two families that one table shows together: the table
 that lists them is where a reader compares them. No run or recipe is named here.
 
@@ -140,6 +141,12 @@ def derive_pairs(lineage: Mapping[str, Lineage], shown_together: Iterable[Sequen
             target = lin.link(key)
             if target:
                 add(run, target, f"{lin.step} vs {lineage[target].step}")
+        # A run that starts from a variant (HARR from the frozen encoder on history-aware states)
+        # is also judged against what the variant varies: training may recover what the variant
+        # cost without beating the plain run, and a reader asks both.
+        start = lineage[lin.start_run] if lin.start_run else None
+        if start is not None and start.variant_of:
+            add(run, start.variant_of, f"{lin.step} vs {lineage[start.variant_of].step}")
     finals = final_runs(lineage)
     for listed in shown_together:
         order = [r for r in (finals if listed is None else listed) if r in finals]
