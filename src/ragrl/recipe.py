@@ -286,8 +286,8 @@ def stage_keys() -> dict[str, tuple[str, ...]]:
 
 # --- HARR (config `harr:`): the retriever is the policy, a trained agent run is the frozen generator.
 
-HARR_KEYS = ("generator", "index", "train_dataset", "eval_datasets", "filter", "filter_limit", "recall_k",
-             "environment", "encoder", "train")
+HARR_KEYS = ("generator", "index", "train_dataset", "eval_datasets", "filter", "filter_limit", "train_mix",
+             "recall_k", "environment", "encoder", "train")
 # The evaluated runs: the frozen encoder on query-only states; the frozen encoder on HARR's
 # history-aware states (the baseline HARR's training starts from: all-MiniLM never saw such text,
 # and the state format alone changes the generator's answers); HARR's encoder; and the ablation
@@ -367,11 +367,15 @@ class HarrRecipe:
     train: Any
     filter: bool = True
     filter_limit: int | None = None
+    # Question type (the QA row's metadata.type) -> at most that many kept questions of it (None:
+    # all the filter keeps); types not named are not rolled out. None: every question.
+    train_mix: tuple[tuple[str, int | None], ...] | None = None
     recall_k: tuple[int, ...] = (1, 3, 5)
 
     def to_config(self) -> dict:
         return {"generator": self.generator, "index": self.index, "train_dataset": self.train_dataset,
                 "eval_datasets": list(self.eval_datasets), "filter": self.filter, "filter_limit": self.filter_limit,
+                "train_mix": None if self.train_mix is None else dict(self.train_mix),
                 "recall_k": list(self.recall_k), "environment": dataclasses.asdict(self.environment),
                 "encoder": dataclasses.asdict(self.encoder), "train": dataclasses.asdict(self.train)}
 
@@ -400,12 +404,23 @@ def parse_harr(raw: str | dict, key: str = "harr") -> HarrRecipe:
         raise InputError(f"config key '{key}.filter_limit': an integer >= 1 or null, got {limit!r}")
     if not isinstance(data.get("filter", True), bool):
         raise InputError(f"config key '{key}.filter': true or false, got {data['filter']!r}")
+    mix = data.get("train_mix")
+    if mix is not None:
+        if not isinstance(mix, dict) or not mix:
+            raise InputError(f"config key '{key}.train_mix': a mapping of question type -> count or null, or null, "
+                             f"got {mix!r}")
+        for kind, n in mix.items():
+            if not isinstance(kind, str) or not kind or (
+                    n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1)):
+                raise InputError(f"config key '{key}.train_mix.{kind}': an integer >= 1 or null (all kept), got {n!r}")
+        mix = tuple(mix.items())
     encoder = _section(data, "encoder", key)
     if isinstance(encoder.get("lora_target_modules"), list):
         encoder["lora_target_modules"] = tuple(encoder["lora_target_modules"])
     return HarrRecipe(
         generator=data["generator"], index=data["index"], train_dataset=data["train_dataset"],
-        eval_datasets=tuple(evals), filter=data.get("filter", True), filter_limit=limit, recall_k=tuple(ks),
+        eval_datasets=tuple(evals), filter=data.get("filter", True), filter_limit=limit, train_mix=mix,
+        recall_k=tuple(ks),
         environment=_build(HarrEnvironment, _section(data, "environment", key), f"{key}.environment"),
         encoder=_build(EncoderTraining, encoder, f"{key}.encoder"),
         train=_build(RetrieverTrainConfig, _section(data, "train", key), f"{key}.train"))

@@ -131,11 +131,12 @@ class AnswerByQuestion:
 
         self.runs += 1
         self.env.respond([Action("search", (f"about {sid}",)) for sid in sample_ids], sample_ids=sample_ids)
-        answers = {"q1": lambda g: "Paris" if g % 2 == 0 else "Rome", "q2": lambda g: "London", "q3": lambda g: "Oslo"}
+        answers = {"q1": lambda g: "Paris" if g % 2 == 0 else "Rome", "q2": lambda g: "London", "q3": lambda g: "Oslo",
+                   "q4": lambda g: "Lima" if g % 2 == 0 else "Rome", "q5": lambda g: "Quito" if g % 2 else "Rome"}
         return [SimpleNamespace(answer=answers[sid.split("#")[0]](int(sid.split("#")[1]))) for sid in sample_ids]
 
 
-def _scripted_filter(monkeypatch, tmp_path, world, questions):
+def _scripted_filter(monkeypatch, tmp_path, world, questions, types=None, **settings):
     import pyarrow as pa
 
     from ragrl.io import write_parquet
@@ -145,12 +146,15 @@ def _scripted_filter(monkeypatch, tmp_path, world, questions):
     monkeypatch.setattr(stage, "_world", lambda index_dir, passages: stage._World(index, {}, store))
     monkeypatch.setattr(stage, "_policy", lambda meta, harr, encoder, trainable: policy)
     monkeypatch.setattr(stage, "_engine", lambda recipe, harr, generator, env: AnswerByQuestion(env))
-    golds = {"q1": ["Paris"], "q2": ["London"], "q3": ["Berlin"]}
+    golds = {"q1": ["Paris"], "q2": ["London"], "q3": ["Berlin"], "q4": ["Lima"], "q5": ["Quito"]}
     qa = tmp_path / "train.parquet"
-    write_parquet(pa.table({"id": questions, "question": [f"Question {q}?" for q in questions],
-                            "golden_answers": [golds[q] for q in questions]}), qa)
+    columns = {"id": questions, "question": [f"Question {q}?" for q in questions],
+               "golden_answers": [golds[q] for q in questions]}
+    if types is not None:
+        columns["metadata"] = [json.dumps({"type": t}) for t in types]
+    write_parquet(pa.table(columns), qa)
     harr = parse_harr({**BASE, "environment": {"topk": 2, "pool_size": 5, "rollout_batch_questions": 2},
-                       "train": {"group_size": 4}})
+                       "train": {"group_size": 4}, **settings})
     out = tmp_path / "kept.parquet"
     return stage.filter_stage(None, harr, qa, tmp_path, tmp_path, tmp_path, out), out
 
@@ -162,6 +166,25 @@ def test_filter_keeps_the_questions_whose_f1_varies(monkeypatch, tmp_path, world
     assert pq.read_table(out).column("id").to_pylist() == ["q1"]
     assert stats["questions"] == 3 and stats["kept"] == 1 and stats["group_size"] == 4
     assert stats["any_f1_share"] == pytest.approx(2 / 3)
+
+
+def test_train_mix_rolls_out_only_its_types_and_caps_what_the_filter_keeps(monkeypatch, tmp_path, world):
+    import pyarrow.parquet as pq
+
+    questions, types = ["q1", "q4", "q3", "q5", "q2"], ["bridge", "1hop", "comparison", "1hop", "bridge"]
+    stats, out = _scripted_filter(monkeypatch, tmp_path, world, questions, types,
+                                  train_mix={"bridge": None, "1hop": 1})
+    # q3 (comparison) is never rolled out; q1, q4 and q5 vary, q2 does not; the cap keeps q4, the
+    # first 1-hop question the filter passed, and drops q5.
+    assert (stats["questions"], stats["passed"], stats["kept"]) == (4, 3, 2)
+    assert pq.read_table(out).column("id").to_pylist() == ["q1", "q4"]
+    with pytest.raises(ValueError, match=r"no question of the types harr\.train_mix names \(film\).*'1hop'"):
+        _scripted_filter(monkeypatch, tmp_path, world, questions, types, train_mix={"film": None})
+    for bad in ({}, {"bridge": 0}, {"bridge": True}, ["bridge"]):
+        with pytest.raises(ValueError, match=r"harr\.train_mix"):
+            parse_harr({**BASE, "train_mix": bad})
+    assert parse_harr(parse_harr({**BASE, "train_mix": {"bridge": None, "1hop": 8}}).to_config()).train_mix == (
+        ("bridge", None), ("1hop", 8))
 
 
 def test_a_filter_that_keeps_nothing_fails_saying_why(monkeypatch, tmp_path, world):

@@ -167,13 +167,34 @@ def _env(policy, world: _World, harr: HarrRecipe, *, use_history: bool, stochast
                                          hop_answer=e.hop_answer)
 
 
-def _rows(qa: Path, limit: int | None = None) -> list[dict]:
+def _rows(qa: Path, limit: int | None = None, types: Sequence[str] | None = None) -> list[dict]:
+    """The QA file's rows, only those of `types` (metadata.type) when given, the first `limit` of them."""
+    from ragrl.eval.evaluate import question_type
     from ragrl.io import read_columns
 
-    table = read_columns(qa, ["id", "question", "golden_answers"], optional=("metadata", "supporting_ids"))
-    if limit is not None:
-        table = table.slice(0, limit)
-    return table.to_pylist()
+    rows = read_columns(qa, ["id", "question", "golden_answers"], optional=("metadata", "supporting_ids")).to_pylist()
+    if types is not None:
+        found = sorted({question_type(r) for r in rows})
+        rows = [r for r in rows if question_type(r) in types]
+        if not rows:
+            raise InputError(f"{qa}: no question of the types harr.train_mix names ({', '.join(types)}); its "
+                             f"metadata.type values: {', '.join(repr(t) for t in found)}")
+    return rows if limit is None else rows[:limit]
+
+
+def mix_kept(rows: Sequence[dict], kept: set[str], mix: Sequence[tuple[str, int | None]] | None) -> set[str]:
+    """The kept question ids after harr.train_mix's caps: the first N kept of each type, in file order."""
+    from ragrl.eval.evaluate import question_type
+
+    if mix is None:
+        return set(kept)
+    caps, taken, out = dict(mix), dict.fromkeys(dict(mix), 0), set()
+    for r in rows:
+        kind, qid = question_type(r), str(r["id"])
+        if qid in kept and (caps[kind] is None or taken[kind] < caps[kind]):
+            taken[kind] += 1
+            out.add(qid)
+    return out
 
 
 # --- the stages -----------------------------------------------------------------------------------
@@ -192,7 +213,8 @@ def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pa
     from ragrl.train.retriever_grpo import filter_questions
     from ragrl.train.retriever_rollout import rollout_groups
 
-    rows = _rows(qa, harr.filter_limit)
+    mix = harr.train_mix
+    rows = _rows(qa, harr.filter_limit, None if mix is None else [kind for kind, _ in mix])
     group = harr.train.group_size
     f1s: dict[str, list[float]] = {}
     if harr.filter:
@@ -205,15 +227,16 @@ def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pa
         for b, batch in enumerate(progress(batches, desc="HARR filter", unit="batch")):
             for t in rollout_groups(engine, env, batch, group, seed=step_seed(harr.train.seed, -1 - b)):
                 f1s.setdefault(t.question_id, []).append(t.reward)
-        kept = set(filter_questions(f1s, group))
+        passed = set(filter_questions(f1s, group))
     else:
-        kept = {str(r["id"]) for r in rows}
+        passed = {str(r["id"]) for r in rows}
+    kept = mix_kept(rows, passed, mix)
     table = pq.read_table(qa)
     ids = [str(i) for i in table.column("id").to_pylist()]
     order = [i for i, q in enumerate(ids) if q in kept]
     write_parquet(table.take(pa.array(order, type=pa.int64())), out)
     mean = [sum(v) / len(v) for v in f1s.values()]
-    stats = {"questions": len(rows), "kept": len(order), "group_size": group, "filter": harr.filter,
+    stats = {"questions": len(rows), "passed": len(passed), "kept": len(order), "group_size": group, "filter": harr.filter,
              "mean_f1": (sum(mean) / len(mean)) if mean else None,
              "any_f1_share": (sum(1 for v in f1s.values() if max(v) > 0) / len(f1s)) if f1s else None}
     write_json(stats, out.with_name(out.stem + ".stats.json"))
