@@ -64,7 +64,10 @@ def apply_sets(settings: dict, sets: list[str]) -> dict:
             node = node[part]
         if leaf not in node and not (node is out and leaf in HARR_KEYS):  # a key newer than the run's log
             raise SystemExit(f"--set {item!r}: harr has no key {key!r}")
-        node[leaf] = json.loads(value)
+        try:
+            node[leaf] = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"--set {item!r}: the value is not JSON ({err})") from None
     return out
 
 
@@ -193,7 +196,8 @@ def main() -> None:
     ap.add_argument("--types", default="", help="comma-separated question types to train on (default: all)")
     ap.add_argument("--kept-from", help="reuse the filter output of an earlier variant (OUT/<name>/kept.parquet)")
     ap.add_argument("--cap", action="append", default=[],
-                    help="TYPE=N: train on the first N kept questions of that type only, repeatable")
+                    help="TYPE=N: train on the first N kept questions of that type only (types not named: "
+                         "all kept, unlike harr.train_mix, which drops them), repeatable")
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--encoder", action="append", default=[], help="with --probe: NAME=PATH of another encoder to probe")
     args = ap.parse_args()

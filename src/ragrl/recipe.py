@@ -410,8 +410,9 @@ def parse_harr(raw: str | dict, key: str = "harr") -> HarrRecipe:
             raise InputError(f"config key '{key}.train_mix': a mapping of question type -> count or null, or null, "
                              f"got {mix!r}")
         for kind, n in mix.items():
-            if not isinstance(kind, str) or not kind or (
-                    n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1)):
+            if not isinstance(kind, str) or not kind:
+                raise InputError(f"config key '{key}.train_mix': question types are non-empty strings, got {kind!r}")
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise InputError(f"config key '{key}.train_mix.{kind}': an integer >= 1 or null (all kept), got {n!r}")
         mix = tuple(mix.items())
     encoder = _section(data, "encoder", key)

@@ -269,6 +269,7 @@ def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path
             harr.environment.pool_size, harr.environment.topk, harr.encoder.lora_r, harr.encoder.lora_alpha) == (
         100, 16, 8, 1e-5, 0.05, 30, 3, 32, 64)
     assert config["models"]["embedding"] == "Qwen/Qwen3-Embedding-0.6B" and harr.recall_k == ()
+    assert harr.train_mix is None  # the toy default's bridge-only training must not reach HotpotQA
     proc, seconds = _dry_run(HARR_PAPER, tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

@@ -19,8 +19,9 @@ columns family, step, start_run, variant_of, ablation_of:
 `derive_pairs` turns each link into a pair (run, baseline, relation): ``"rl vs sft"``,
 ``"sft vs base"``, ``"oracle vs rl"``, ``"ablation vs full"``, ... (the two steps, or
 ``ablation vs full``), one more for a run whose start is a variant (against the run the variant
-varies: HARR against the plain frozen encoder as well as the history-aware one), and adds ``"method vs method"`` for the final runs (trained, neither a
-variant nor an ablation, nobody's start) of two families that one table shows together: the table
+varies: HARR against the plain frozen encoder as well as the history-aware one), and adds
+``"method vs method"`` for the final runs (trained, neither a variant nor an ablation, nobody's
+start) of two families that one table shows together: the table
 that lists them is where a reader compares them. No run or recipe is named here.
 
 `paired_rows` computes, for every pair, every dataset both runs answered (and every question type
@@ -122,7 +123,8 @@ def final_runs(lineage: Mapping[str, Lineage]) -> list[str]:
 
 
 def derive_pairs(lineage: Mapping[str, Lineage], shown_together: Iterable[Sequence[str] | None] = ()) -> list[Pair]:
-    """Every pair a reader compares: one per lineage link, and "method vs method" for final runs
+    """Every pair a reader compares: one per lineage link, one per run whose start is a variant
+    (against the run the variant varies), and "method vs method" for final runs
     of different families that a table shows together (`shown_together`: each table's run list in
     its order, None for a table of all runs; the earlier-listed run is the baseline)."""
     pairs: list[Pair] = []

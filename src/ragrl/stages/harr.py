@@ -183,7 +183,8 @@ def _rows(qa: Path, limit: int | None = None, types: Sequence[str] | None = None
 
 
 def mix_kept(rows: Sequence[dict], kept: set[str], mix: Sequence[tuple[str, int | None]] | None) -> set[str]:
-    """The kept question ids after harr.train_mix's caps: the first N kept of each type, in file order."""
+    """The kept question ids after harr.train_mix's caps: the first N kept of each type, in file order;
+    a type the mix does not name is not kept (the filter never rolls one out)."""
     from ragrl.eval.evaluate import question_type
 
     if mix is None:
@@ -191,7 +192,7 @@ def mix_kept(rows: Sequence[dict], kept: set[str], mix: Sequence[tuple[str, int 
     caps, taken, out = dict(mix), dict.fromkeys(dict(mix), 0), set()
     for r in rows:
         kind, qid = question_type(r), str(r["id"])
-        if qid in kept and (caps[kind] is None or taken[kind] < caps[kind]):
+        if kind in caps and qid in kept and (caps[kind] is None or taken[kind] < caps[kind]):
             taken[kind] += 1
             out.add(qid)
     return out
