@@ -2,17 +2,18 @@
 of what training does to the second hop's ranking.
 
     .venv/bin/python scripts/harr_ablation.py --run RUN --name lr3e3 \
-        --set train.lr=0.003 --set train.steps=12 [--set filter_limit=400 ...] [--types bridge,comparison]
+        --set train.lr=0.003 --set train.steps=12 [--set 'train_mix={"bridge":null}' ...] [--kept-from NAME]
 
     .venv/bin/python scripts/harr_ablation.py --run RUN --probe [--name lr3e3 ...]
 
 RUN is a finished default run (a `make run` work tree). A variant runs `ragrl harr-filter`,
 `harr-train` (history-aware states) and `harr-eval` with the settings the run's own jobs ran
 with (read from the first line of `RUN/logs/harr/filter.log`), each `--set key.path=JSON` applied
-to the `harr` settings on top, so a variant differs from the default by exactly what it names.
-`--types` keeps only training questions of those question types (the toy's `metadata.type`)
-before the filter rolls them out; `--kept-from NAME` reuses an earlier variant's filter output and
-`--cap TYPE=N` trains on the first N kept questions of a type only (a mix). The summary pairs the variant's test F1 with the run's
+to the `harr` settings on top, so a variant differs from the default by exactly what it names
+(`ragrl` checks every key). `--kept-from NAME` skips the filter and trains on an earlier variant's
+filter output, cut to this variant's `train_mix` as the filter stage cuts its own
+(`ragrl.stages.harr.mix_kept`: e.g. the first 12 1-hop questions and every multi-hop one of a
+filter over all types). The summary pairs the variant's test F1 with the run's
 `harr_frozen_history` (where training starts) and `harr_frozen` runs over the same 100 questions
 (`ragrl.results.paired.paired_bootstrap`), overall and per question type: OUT/<name>/summary.json.
 
@@ -29,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,34 +47,13 @@ def run_settings(run: Path) -> tuple[dict, dict, str, str]:
     return json.loads(opt["--recipe"]), json.loads(opt["--harr"]), opt["--recipe-name"], opt["--generator"]
 
 
-def apply_sets(settings: dict, sets: list[str]) -> dict:
-    from ragrl.recipe import HARR_KEYS
-
-    out = json.loads(json.dumps(settings))
-    for item in sets:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item!r}: expected key.path=JSON")
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                raise SystemExit(f"--set {item!r}: harr has no section {part!r}")
-            node = node[part]
-        if leaf not in node and not (node is out and leaf in HARR_KEYS):  # a key newer than the run's log
-            raise SystemExit(f"--set {item!r}: harr has no key {key!r}")
-        try:
-            node[leaf] = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise SystemExit(f"--set {item!r}: the value is not JSON ({err})") from None
-    return out
-
-
 def variant(args: argparse.Namespace) -> None:
     import polars as pl
 
     from ragrl.eval.evaluate import question_type
-    from rl_ablation import paired_summary
+    from ragrl.recipe import parse_harr
+    from ragrl.stages.harr import mix_kept
+    from rl_ablation import apply_sets, paired_summary, run as run_logged
 
     run = args.run.resolve()
     res = run / "results"
@@ -83,43 +61,27 @@ def variant(args: argparse.Namespace) -> None:
     harr = apply_sets(harr, args.set)
     out = (args.out / args.name).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    qa = res / "world/qa/train.parquet"
-    if args.types:
-        kinds = set(args.types.split(","))
-        rows = pl.read_parquet(qa)
-        rows.filter(pl.Series([question_type(r) in kinds for r in rows.to_dicts()])).write_parquet(out / "train.parquet")
-        qa = out / "train.parquet"
     common = ["--recipe", json.dumps(recipe), "--recipe-name", recipe_name, "--harr", json.dumps(harr),
               "--generator", str(run / generator), "--index", str(res / "index/world/flat"),
               "--passages", str(res / "corpus/world/passages.parquet"), "--threads", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     seconds = {}
 
     def ragrl(stage: str, *extra: str) -> None:
         start = time.time()
-        with open(out / f"{stage}.log", "w") as log:
-            subprocess.run([str(REPO / ".venv/bin/ragrl"), stage, *common, "--server-log", str(out / f"{stage}.serve.log"),
-                            *extra], check=True, stdout=log, stderr=subprocess.STDOUT, cwd=run, env=env)
+        run_logged([str(REPO / ".venv/bin/ragrl"), stage, *common, "--server-log", str(out / f"{stage}.serve.log"),
+                    *extra], out / f"{stage}.log", run)
         seconds[stage] = round(time.time() - start)
         print(f"[harr_ablation] {args.name}: {stage} done in {seconds[stage]} s", flush=True)
 
     if args.kept_from:
-        import shutil
-
-        for suffix in (".parquet", ".stats.json"):
-            shutil.copy(args.out / args.kept_from / f"kept{suffix}", out / f"kept{suffix}")
+        # The earlier filter's output, cut to this variant's train_mix by the stage's own rule.
+        earlier = args.out / args.kept_from
+        rows = pl.read_parquet(earlier / "kept.parquet")
+        ids = mix_kept(rows.to_dicts(), set(rows["id"].cast(pl.String).to_list()), parse_harr(harr).train_mix)
+        rows.filter(pl.col("id").cast(pl.String).is_in(sorted(ids))).write_parquet(out / "kept.parquet")
+        (out / "kept.stats.json").write_text((earlier / "kept.stats.json").read_text())
     else:
-        ragrl("harr-filter", "--qa", str(qa), "--out", str(out / "kept.parquet"))
-    if args.cap:
-        caps = {kind: int(n) for kind, n in (item.split("=", 1) for item in args.cap)}
-        kept_rows = pl.read_parquet(out / "kept.parquet")
-        seen: dict[str, int] = {}
-        keep = []
-        for r in kept_rows.to_dicts():
-            kind = question_type(r)
-            seen[kind] = seen.get(kind, 0) + 1
-            keep.append(seen[kind] <= caps.get(kind, seen[kind]))
-        kept_rows.filter(pl.Series(keep)).write_parquet(out / "kept.parquet")
+        ragrl("harr-filter", "--qa", str(res / "world/qa/train.parquet"), "--out", str(out / "kept.parquet"))
     ragrl("harr-train", "--qa", str(out / "kept.parquet"), "--history", "--out-dir", str(out / "work"),
           "--log-out", str(out / "train_log.jsonl"))
     ragrl("harr-eval", "--qa", str(res / "world/qa/test.parquet"), "--history", "--encoder", str(out / "work/final/encoder"),
@@ -130,8 +92,7 @@ def variant(args: argparse.Namespace) -> None:
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if line.strip()]
     preds = out / "eval/predictions.parquet"
     base = res / "harr/eval"
-    summary = {"name": args.name, "set": args.set, "types": args.types or None, "kept_from": args.kept_from,
-               "cap": args.cap, "seconds": seconds, "kept_by_filter": kept["kept"], "rolled_out": kept["questions"],
+    summary = {"name": args.name, "set": args.set, "kept_from": args.kept_from, "seconds": seconds, "kept_by_filter": kept["kept"], "rolled_out": kept["questions"],
                "kept_by_type": {t: types.count(t) for t in sorted(set(types))},
                "train_reward": [round(s["reward_mean"], 3) for s in log],
                "vs_frozen_history": paired_summary(base / "harr_frozen_history/world_test/predictions.parquet", preds, "f1"),
@@ -193,11 +154,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/harr_ablation"))
     ap.add_argument("--name", action="append", help="the variant's name (with --probe: trained variants to probe)")
     ap.add_argument("--set", action="append", default=[], help="harr key.path=JSON, repeatable")
-    ap.add_argument("--types", default="", help="comma-separated question types to train on (default: all)")
-    ap.add_argument("--kept-from", help="reuse the filter output of an earlier variant (OUT/<name>/kept.parquet)")
-    ap.add_argument("--cap", action="append", default=[],
-                    help="TYPE=N: train on the first N kept questions of that type only (types not named: "
-                         "all kept, unlike harr.train_mix, which drops them), repeatable")
+    ap.add_argument("--kept-from", help="train on an earlier variant's filter output (OUT/<name>/kept.parquet), "
+                                        "cut to this variant's train_mix")
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--encoder", action="append", default=[], help="with --probe: NAME=PATH of another encoder to probe")
     args = ap.parse_args()

@@ -47,19 +47,26 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def recipe_with(method: str, sets: list[str]) -> dict:
-    recipe = dict(yaml.safe_load((REPO / "config/config.yaml").read_text())["recipes"][method])
-    recipe = json.loads(json.dumps(recipe))
+def apply_sets(settings: dict, sets: list[str]) -> dict:
+    """A copy of `settings` with each `key.path=JSON` of `sets` applied (the CLI checks the keys)."""
+    out = json.loads(json.dumps(settings))
     for item in sets:
-        key, _, value = item.partition("=")
-        if not _:
+        key, sep, value = item.partition("=")
+        if not sep:
             raise SystemExit(f"--set {item!r}: expected key.path=JSON")
-        node = recipe
+        node = out
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = json.loads(value)
-    return recipe
+        try:
+            node[leaf] = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"--set {item!r}: the value is not JSON ({err})") from None
+    return out
+
+
+def recipe_with(method: str, sets: list[str]) -> dict:
+    return apply_sets(yaml.safe_load((REPO / "config/config.yaml").read_text())["recipes"][method], sets)
 
 
 def run(cmd: list[str], log: Path, cwd: Path) -> None:

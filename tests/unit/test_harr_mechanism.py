@@ -26,7 +26,7 @@ POOL, K = 10, DEFAULT["environment"]["topk"]
 ALPHA, GROUP = DEFAULT["train"]["alpha"], DEFAULT["train"]["group_size"]
 
 
-def _chains(n: int) -> list[tuple[str, str, str, str]]:
+def _chains(n: int) -> list[tuple[str, str, str]]:
     names = NameFactory(random.Random(0))
     out = []
     for _ in range(n):
@@ -40,7 +40,7 @@ def _chains(n: int) -> list[tuple[str, str, str, str]]:
             [{"sub_query": f"Who wrote {book}?", "answer": f"I need to find out: Who wrote {book}? Then: What is the "
                                                            "nationality of #1?"}],
             f"What is the nationality of {person}?")
-        out.append((state, first, second, book))
+        out.append((state, first, second))
     return out
 
 
@@ -56,7 +56,7 @@ def test_grpo_on_second_hop_states_learns_to_rank_the_second_hops_passage_first_
 
     chains = _chains(24)
     encoder = Encoder("sentence-transformers/all-MiniLM-L6-v2", batch_size=16)
-    docs = encoder.encode_passages([p for _, first, second, _ in chains for p in (first, second)], show_progress=False)
+    docs = encoder.encode_passages([p for _, first, second in chains for p in (first, second)], show_progress=False)
     index = faiss.IndexFlatIP(docs.shape[1])
     index.add(docs)
     harr = parse_harr({"generator": "g", "index": "flat", "train_dataset": "t", "eval_datasets": ["t"],

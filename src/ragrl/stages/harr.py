@@ -174,11 +174,11 @@ def _rows(qa: Path, limit: int | None = None, types: Sequence[str] | None = None
 
     rows = read_columns(qa, ["id", "question", "golden_answers"], optional=("metadata", "supporting_ids")).to_pylist()
     if types is not None:
-        found = sorted({question_type(r) for r in rows})
-        rows = [r for r in rows if question_type(r) in types]
+        kinds = [question_type(r) for r in rows]
+        rows = [r for r, kind in zip(rows, kinds) if kind in types]
         if not rows:
             raise InputError(f"{qa}: no question of the types harr.train_mix names ({', '.join(types)}); its "
-                             f"metadata.type values: {', '.join(repr(t) for t in found)}")
+                             f"metadata.type values: {', '.join(repr(t) for t in sorted(set(kinds)))}")
     return rows if limit is None else rows[:limit]
 
 
@@ -189,7 +189,8 @@ def mix_kept(rows: Sequence[dict], kept: set[str], mix: Sequence[tuple[str, int 
 
     if mix is None:
         return set(kept)
-    caps, taken, out = dict(mix), dict.fromkeys(dict(mix), 0), set()
+    caps = dict(mix)
+    taken, out = dict.fromkeys(caps, 0), set()
     for r in rows:
         kind, qid = question_type(r), str(r["id"])
         if kind in caps and qid in kept and (caps[kind] is None or taken[kind] < caps[kind]):
