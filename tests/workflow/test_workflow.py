@@ -80,6 +80,10 @@ def test_workflow_runs_end_to_end(tmp_path):
     predictions = con.execute("select run_id, dataset, count(*) from predictions group by all").fetchall()
     assert {(r, d): n for r, d, n in predictions if (r, d) in expected} == {k: 4 for k in expected}
     assert con.execute("select count(*) from jobs where rule = 'rl'").fetchone()[0] == 3
+    # Every evaluation (agents, graph rankings, readers) records the host and torch that computed it.
+    hosts = con.execute("select count(*), count(cpu), count(torch), count(cpu_capability) from hosts").fetchone()
+    assert hosts[0] == con.execute("select count(*) from (select distinct run_id, dataset from evals)").fetchone()[0]
+    assert hosts[0] > 0 and len(set(hosts)) == 1, hosts
     table = (tmp_path / "results/tables/toy_em.md").read_text()
     for run_id, dataset, value in leaderboard:
         if run_id in RUNS and dataset == "world_test":

@@ -33,6 +33,10 @@ Tables::
                  diff, ci_low, ci_high)  -- run - baseline over the n questions both answered with a
                  value; ci_*: 95% paired bootstrap interval (meta paired_bootstrap: resamples, seed);
                  dataset "<dataset>:<type>" per question type; which pairs and metrics: paired.py
+    hosts       (run_id, dataset, cpu, cpu_capability, torch, cuda_device, host JSON) -- the
+                 machine that evaluated each run x dataset (metrics.json "host",
+                 `ragrl.hostinfo`): one commit's results differ by float rounding between CPU
+                 kinds and torch builds; NULL columns where a metrics.json has no host
     meta        (key, value JSON)              -- main_metric, table_specs, paired_bootstrap
 
 Views::
@@ -119,6 +123,9 @@ CREATE TABLE paired (
     run_id VARCHAR NOT NULL, baseline VARCHAR NOT NULL, relation VARCHAR NOT NULL, family VARCHAR NOT NULL,
     dataset VARCHAR NOT NULL, metric VARCHAR NOT NULL, n BIGINT NOT NULL, mean_run DOUBLE, mean_baseline DOUBLE,
     diff DOUBLE, ci_low DOUBLE, ci_high DOUBLE, PRIMARY KEY (run_id, baseline, dataset, metric));
+CREATE TABLE hosts (
+    run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, cpu VARCHAR, cpu_capability VARCHAR, torch VARCHAR,
+    cuda_device VARCHAR, host JSON, PRIMARY KEY (run_id, dataset));
 CREATE TABLE meta (key VARCHAR PRIMARY KEY, value JSON);
 """
 
@@ -246,6 +253,23 @@ def _read_eval_object(path: Path, obj: dict, prefix: str = "") -> tuple[str, str
                                   field=f"{prefix}metrics.{name}")
         values[name] = None if value is None else _finite_or_none(value)
     return obj["run_id"], obj["dataset"], n, values
+
+
+HOST_FIELDS = ("cpu", "cpu_capability", "torch", "cuda_device")
+
+
+def _read_host(path: Path, obj: dict) -> tuple[str | None, ...]:
+    """metrics.json's optional "host" object: its string fields, then the whole object as JSON."""
+    host = obj.get("host")
+    if host is None:
+        return (None,) * (len(HOST_FIELDS) + 1)
+    if not isinstance(host, dict):
+        raise DataFormatError(path, f"expected an object (ragrl.hostinfo.host_info), got {type(host).__name__}",
+                              field="host")
+    for key in HOST_FIELDS:
+        if host.get(key) is not None and not isinstance(host[key], str):
+            raise DataFormatError(path, f"expected a string or null, got {host[key]!r}", field=f"host.{key}")
+    return (*(host.get(k) for k in HOST_FIELDS), json.dumps(_nan_to_none(host), sort_keys=True, ensure_ascii=False))
 
 
 def _read_train_log(path: Path, run_id: str) -> tuple[list[dict[str, Any]], set[str]]:
@@ -421,6 +445,7 @@ def build_database(
     eval_rows: list[tuple[str, str, str, float | None, int, float | None, float | None]] = []
     type_rows: list[tuple[str, str, str, str, float | None, int, float | None, float | None]] = []
     eval_files: dict[tuple[str, str], Path] = {}
+    host_rows: list[tuple[str, str, str | None, str | None, str | None, str | None, str | None]] = []
     for p in map(Path, evals):
         run_id, dataset, n, metrics = _read_eval(p)
         known_run(run_id, p, "from the file", "run_id")
@@ -430,6 +455,7 @@ def build_database(
         eval_files[run_id, dataset] = p
         obj = _read_json_object(p)
         ci = _read_ci95(p, obj)
+        host_rows.append((run_id, dataset, *_read_host(p, obj)))
         eval_rows += [(run_id, dataset, m, v, n, *ci.get(m, (None, None))) for m, v in metrics.items()]
         # Per question type (metrics.json "by_type"), so that a table or a query can put 1hop /
         # bridge / comparison side by side.
@@ -492,7 +518,7 @@ def build_database(
     try:
         con = duckdb.connect(str(tmp_db), config={"storage_compatibility_version": STORAGE_VERSION})
         try:
-            _write_all(con, run_rows, eval_rows, type_rows, pred_map, pred_cols, train_records, extra_keys,
+            _write_all(con, run_rows, eval_rows, type_rows, host_rows, pred_map, pred_cols, train_records, extra_keys,
                        bench, dict(rule_gpus), specs, main_metric, lineages)
             con.execute("CHECKPOINT")
         except duckdb.Error as exc:
@@ -508,7 +534,7 @@ def build_database(
     return db_path
 
 
-def _write_all(con, run_rows, eval_rows, type_rows, pred_map, pred_cols, train_records, extra_keys,
+def _write_all(con, run_rows, eval_rows, type_rows, host_rows, pred_map, pred_cols, train_records, extra_keys,
                bench, rule_gpus, specs, main_metric, lineages) -> None:
     con.execute(_SCHEMA)
     cols = ", ".join(("run_id", "recipe", "model", "config_hash", "git_commit", "seeds", "stage",
@@ -523,6 +549,8 @@ def _write_all(con, run_rows, eval_rows, type_rows, pred_map, pred_cols, train_r
         con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
     if type_rows:
         con.executemany("INSERT INTO evals_by_type VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [list(r) for r in type_rows])
+    if host_rows:
+        con.executemany("INSERT INTO hosts VALUES (?, ?, ?, ?, ?, ?, ?::JSON)", [list(r) for r in host_rows])
 
     # predictions: one read_parquet over all files; run/dataset joined on the file name.
     if pred_map:

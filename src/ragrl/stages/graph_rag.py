@@ -18,8 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from ragrl.errors import InputError
-from ragrl.eval.evaluate import question_type, summarize
-from ragrl.io import read_columns, write_json, write_parquet
+from ragrl.eval.evaluate import question_type, summarize, write_metrics
+from ragrl.io import read_columns, write_parquet
 from ragrl.kg.extraction import Triple
 
 RECALL_KS = (2, 5)
@@ -70,7 +70,7 @@ def graph_rank(triples: str | Path, passages: str | Path, qa: str | Path, out_di
                         "triples": len(graph.triples), "empty_reasons": reasons}
     out = Path(out_dir)
     write_parquet(pa.Table.from_pylist(ranking, schema=RANKING_SCHEMA), out / "ranking.parquet")
-    write_json(metrics, out / "metrics.json")
+    metrics = write_metrics(metrics, out / "metrics.json")
     shown = " ".join(f"{k}={metrics['metrics'][k]:.4f}" for k in COLUMNS if metrics["metrics"][k] is not None)
     print(f"[graph-rank] {run_id}/{dataset}: n={metrics['n']} {shown}", file=sys.stderr, flush=True)
     return metrics

@@ -332,8 +332,8 @@ def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pass
     predictions.parquet and metrics.json, as `ragrl eval` writes them."""
     import pyarrow as pa
 
-    from ragrl.eval.evaluate import PREDICTION_SCHEMA, summarize
-    from ragrl.io import write_json, write_parquet
+    from ragrl.eval.evaluate import PREDICTION_SCHEMA, summarize, write_metrics
+    from ragrl.io import write_parquet
 
     rows = _rows(qa, max_questions)
     world = _world(index_dir, passages)
@@ -343,7 +343,7 @@ def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pass
     predictions = _predictions(engine, env, rows, batch_size, f"harr eval {run_id}/{dataset}")
     metrics = summarize(predictions, run_id, dataset)
     write_parquet(pa.Table.from_pylist(predictions, schema=PREDICTION_SCHEMA), out_dir / "predictions.parquet")
-    write_json(metrics, out_dir / "metrics.json")
+    metrics = write_metrics(metrics, out_dir / "metrics.json")
     shown = " ".join(f"{k}={v:.4f}" for k, v in metrics["metrics"].items() if v is not None)
     print(f"[harr] eval {run_id}/{dataset}: n={metrics['n']} {shown}", flush=True)
     return metrics
@@ -356,8 +356,7 @@ def recall_stage(harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, ou
     yet). Written as a metrics.json of dataset `<dataset>_multihop`, so the results database files it."""
     import numpy as np
 
-    from ragrl.eval.evaluate import bootstrap_ci
-    from ragrl.io import write_json
+    from ragrl.eval.evaluate import bootstrap_ci, write_metrics
     from ragrl.retrieval.query_state import default_instruction, encoder_input, retrieval_state
 
     rows = [r for r in _rows(qa) if len(set(r.get("supporting_ids") or [])) > 1]
@@ -381,7 +380,7 @@ def recall_stage(harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, ou
     metrics = {k: float(np.mean(v)) for k, v in values.items()}
     report = {"run_id": run_id, "dataset": f"{dataset}_multihop", "n": len(rows), "metrics": metrics,
               "ci95": {k: bootstrap_ci(v) for k, v in values.items()}}
-    write_json(report, out)
+    report = write_metrics(report, out)
     print(f"[harr] recall {run_id}/{dataset}: n={len(rows)} "
           + " ".join(f"{k}={v:.3f}" for k, v in metrics.items()), flush=True)
     return report

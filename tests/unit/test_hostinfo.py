@@ -1,0 +1,88 @@
+"""The host record in metrics.json and the results database's `hosts` table."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import duckdb
+import pytest
+
+from ragrl.errors import DataFormatError
+from ragrl.hostinfo import cpu_model, host_info
+from ragrl.results.database import build_database
+
+AMD = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\nflags\t\t: fpu avx512f\n"
+ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nProcessor\t: ARMv8 Processor rev 1 (v8l)\n"
+
+
+def test_cpu_model_reads_the_model_name_line():
+    assert cpu_model(AMD) == "AMD EPYC 9654 96-Core Processor"
+    assert cpu_model(ARM) == "ARMv8 Processor rev 1 (v8l)"
+    assert cpu_model("flags : fpu\n")  # no model line: platform's answer, never empty
+
+
+def test_host_info_names_torch_and_its_kernels(monkeypatch):
+    import torch
+
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    info = host_info()
+    assert info["torch"] == torch.__version__
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert info["cuda_device"] is None or isinstance(info["cuda_device"], str)
+    assert info["env"] == {"MKL_CBWR": "AVX2"} | ({"OMP_NUM_THREADS": info["env"]["OMP_NUM_THREADS"]}
+                                                  if "OMP_NUM_THREADS" in info["env"] else {})
+    json.dumps(info)  # a JSON object as it stands
+    # a process without torch is described without it (the manifest jobs do not import torch)
+    monkeypatch.delitem(sys.modules, "torch")
+    assert "torch" not in host_info() and "cpu_capability" not in host_info()
+
+
+def _inputs(tmp_path, host):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"run_id": "r1", "recipe": "x", "model": "m", "config_hash": "h", "git_commit": "c",
+                               "seeds": {}, "stage": "sft"}))
+    ev = tmp_path / "eval" / "r1" / "nq" / "metrics.json"
+    ev.parent.mkdir(parents=True)
+    obj = {"run_id": "r1", "dataset": "nq", "n": 2, "metrics": {"em": 0.5}}
+    if host is not None:
+        obj["host"] = host
+    ev.write_text(json.dumps(obj))
+    return dict(runs=[run], evals=[ev], predictions=[], train_logs=[], benchmarks=[], rule_gpus={}, table_specs=[])
+
+
+def test_write_metrics_records_the_host_and_the_database_files_it(tmp_path):
+    from ragrl.eval.evaluate import summarize, write_metrics
+
+    metrics = summarize([{"em": 1.0, "f1": 1.0, "cover_em": 1.0, "format": 1.0, "turns": 1, "searches": 1}],
+                        "r1", "nq")
+    path = tmp_path / "eval" / "r1" / "nq" / "metrics.json"
+    write_metrics(metrics, path)
+    written = json.loads(path.read_text())
+    assert written["host"] == json.loads(json.dumps(host_info())) and written["metrics"] == metrics["metrics"]
+    kwargs = _inputs(tmp_path / "in", None)
+    kwargs["evals"] = [path]
+    db = tmp_path / "db.duckdb"
+    build_database(db, **kwargs)
+    with duckdb.connect(str(db), read_only=True) as con:
+        cpu, cap, torch_version, host = con.execute(
+            "SELECT cpu, cpu_capability, torch, host FROM hosts WHERE run_id = 'r1' AND dataset = 'nq'").fetchone()
+    assert cpu == cpu_model() and cap == written["host"]["cpu_capability"] and torch_version == written["host"]["torch"]
+    assert json.loads(host) == written["host"]
+
+
+def test_metrics_without_a_host_load_with_null_columns(tmp_path):
+    db = tmp_path / "db.duckdb"
+    build_database(db, **_inputs(tmp_path, None))
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT run_id, cpu, torch, host FROM hosts").fetchall() == [("r1", None, None, None)]
+
+
+@pytest.mark.parametrize("host, field", [("EPYC", "host"), ({"cpu": 7}, "host.cpu"), ({"torch": ["2"]}, "host.torch")])
+def test_a_malformed_host_names_its_field(tmp_path, host, field):
+    db = tmp_path / "db.duckdb"
+    with pytest.raises(DataFormatError, match=rf"metrics\.json: field '{field}'"):
+        build_database(db, **_inputs(tmp_path, host))
+    assert not db.exists()
