@@ -49,7 +49,7 @@ ENV = "RAGRL_FORKSERVER"
 # run with the server's: those jobs run on their own.
 IMPORT_TIME_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "PYTORCH_",
                             "CUDA_", "NCCL_", "PYTHON", "LD_", "KMP_", "GOMP_", "DEEPSPEED_", "ACCELERATE_",
-                            "TQDM_", "VIRTUAL_ENV")
+                            "TQDM_", "VIRTUAL_ENV", "ATEN_", "MKL_", "ONEDNN_", "DNNL_", "CUBLAS_")
 # ... except these: the job's sys.path replaces the server's; torch sets the inductor cache dir in
 # its own environment and reads it when compiling; the byte-code flag is applied in the job.
 NOT_IMPORT_TIME = {"PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR", "PYTHONDONTWRITEBYTECODE"}
