@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ragrl.hostinfo import cpu_model
+
 MB = 1024 * 1024
 T0 = time.monotonic()  # when the benchmark (which imports this first) started
 _log_tag = "bench"
@@ -206,9 +208,7 @@ def machine_info(packages: Iterable[str] = ()) -> dict[str, Any]:
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
     }
     try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
-        info["cpu_model"] = names[0] if names else None
+        info["cpu_model"] = cpu_model(Path("/proc/cpuinfo").read_text())
         mem = [line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")]
         info["mem_total_gib"] = round(int(mem[0].split()[1]) / 1024 / 1024, 1) if mem else None
     except OSError:

@@ -2,9 +2,10 @@
 
 Float rounding differs between CPU kinds (the same SFT job gave other weights on an AMD EPYC than
 on an Intel Xeon, both with AVX-512; MKL and oneDNN pick kernels by vendor as well as ISA, the
-likely cause, not measured), between torch builds and between GPUs. This describes the calling
-process only: a model trained or served elsewhere is not described by it. A result that records these lets a reader tell "another host" from
-"another code". Standard library only; torch is described when the process has it imported.
+likely cause, not measured), between torch builds and between GPUs. A result that records these
+lets a reader tell "another host" from "another code". This describes the calling process only: a
+model trained or served elsewhere is not described by it. Standard library only; torch is
+described when the process has it imported.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def test_host_info_names_torch_and_its_kernels(monkeypatch):
     assert info["cuda_device"] is None or isinstance(info["cuda_device"], str)
     assert info["env"] == {"MKL_CBWR": "AVX2"}
     json.dumps(info)  # a JSON object as it stands
-    # a process without torch is described without it (the manifest jobs do not import torch)
+    # a process that never imported torch is described without it (its numbers owe nothing to torch)
     monkeypatch.delitem(sys.modules, "torch")
     assert "torch" not in host_info() and "cpu_capability" not in host_info()
 

@@ -228,10 +228,6 @@ def _read_ci95(path: Path, obj: dict) -> dict[str, tuple[float | None, float | N
     return out
 
 
-def _read_eval(path: Path) -> tuple[str, str, int, dict[str, float | None]]:
-    return _read_eval_object(path, _read_json_object(path))
-
-
 def _read_eval_object(path: Path, obj: dict, prefix: str = "") -> tuple[str, str, int, dict[str, float | None]]:
     for key in ("run_id", "dataset"):
         if not isinstance(obj.get(key), str) or not obj[key]:
@@ -445,15 +441,15 @@ def build_database(
     eval_rows: list[tuple[str, str, str, float | None, int, float | None, float | None]] = []
     type_rows: list[tuple[str, str, str, str, float | None, int, float | None, float | None]] = []
     eval_files: dict[tuple[str, str], Path] = {}
-    host_rows: list[tuple[str, str, str | None, str | None, str | None, str | None, str | None]] = []
+    host_rows: list[tuple[str | None, ...]] = []  # run_id, dataset, HOST_FIELDS, the host as JSON
     for p in map(Path, evals):
-        run_id, dataset, n, metrics = _read_eval(p)
+        obj = _read_json_object(p)
+        run_id, dataset, n, metrics = _read_eval_object(p, obj)
         known_run(run_id, p, "from the file", "run_id")
         if (run_id, dataset) in eval_files:
             raise DataFormatError(p, f"run {run_id!r} x dataset {dataset!r} already evaluated "
                                      f"in {eval_files[run_id, dataset]}")
         eval_files[run_id, dataset] = p
-        obj = _read_json_object(p)
         ci = _read_ci95(p, obj)
         host_rows.append((run_id, dataset, *_read_host(p, obj)))
         eval_rows += [(run_id, dataset, m, v, n, *ci.get(m, (None, None))) for m, v in metrics.items()]
