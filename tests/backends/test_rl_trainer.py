@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 import rl_toy
+from ragrl import hostinfo
 from ragrl.train import checkpoint as ckpt
 from ragrl.train.rl import LOG_NAME, RLConfig, Sample, collate, prompt_indices, tied_samples, train_rl
 
@@ -242,6 +243,11 @@ def test_resume_after_sigkill_continues_exactly(toy, tmp_path):
     final = out / ckpt.FINAL
     assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
     assert json.loads((final / ckpt.TRAINER_STATE).read_text())["finished"] is True
+    # The model names both starts of its training and the host of each.
+    record = hostinfo.read_record(final)
+    assert record["stage"] == "rl" and record["start"] is None  # the toy start has no record
+    assert [(s["from_step"], s["cpu"]) for s in record["segments"]] == [(0, hostinfo.cpu_model()),
+                                                                        (4, hostinfo.cpu_model())]
 
     # Data order, RNG, optimizer (Adam moments) and warm-up schedule all continue: the resumed run
     # reproduces an uninterrupted one.

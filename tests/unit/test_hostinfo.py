@@ -88,3 +88,87 @@ def test_a_malformed_host_names_its_field(tmp_path, host, field):
     with pytest.raises(DataFormatError, match=rf"metrics\.json: field '{field}'"):
         build_database(db, **_inputs(tmp_path, host))
     assert not db.exists()
+
+
+def _model(tmp_path, name, stage, from_steps, start=None):
+    from ragrl.hostinfo import segment, training_record, write_record
+
+    d = tmp_path / name
+    d.mkdir()
+    write_record(d, training_record(stage, [segment(s) for s in from_steps], start))
+    return d
+
+
+def test_a_model_names_the_hosts_of_its_whole_lineage(tmp_path):
+    from ragrl.hostinfo import lineage, read_record
+
+    pre = _model(tmp_path, "pre", "pretrain", [0])
+    sft = _model(tmp_path, "sft", "sft", [0], start=pre)
+    rl = _model(tmp_path, "rl", "rl", [0, 6], start=sft)  # killed after step 6, resumed
+    rows = lineage(read_record(rl))
+    assert [(r["stage"], r["segment"], r["from_step"]) for r in rows] == [
+        ("pretrain", 0, 0), ("sft", 0, 0), ("rl", 0, 0), ("rl", 1, 6)]
+    assert all(r["host"]["cpu"] == cpu_model() and "from_step" not in r["host"] for r in rows)
+    # A start without a record (a hub checkpoint, the shipped base) ends the chain.
+    assert [r["stage"] for r in lineage(read_record(_model(tmp_path, "sft2", "sft", [0], start=tmp_path)))] == ["sft"]
+    assert read_record(tmp_path / "no-such-model") is None and lineage(None) == []
+
+
+def test_resumed_segments_are_appended_in_order(tmp_path):
+    from ragrl.hostinfo import SEGMENTS, append_segment, read_segments
+
+    append_segment(tmp_path, 0)
+    append_segment(tmp_path, 4)
+    assert [s["from_step"] for s in read_segments(tmp_path)] == [0, 4]
+    (tmp_path / SEGMENTS).write_text('{"from_step": 0}\n{"from_step": "4"}\n')
+    with pytest.raises(DataFormatError, match=r"hosts\.jsonl:2: field 'from_step'"):
+        read_segments(tmp_path)
+
+
+@pytest.mark.parametrize("text, field", [
+    ("[]", None), ('{"segments": []}', "stage"), ('{"stage": "rl", "segments": [1]}', "segments"),
+    ('{"stage": "rl", "segments": [{"from_step": 1.5}]}', r"segments\[0\]\.from_step"),
+    ('{"stage": "rl", "segments": [], "start": {"stage": 3, "segments": []}}', r"start\.stage"),
+])
+def test_a_malformed_record_names_its_field(tmp_path, text, field):
+    from ragrl.hostinfo import RECORD, read_record
+
+    (tmp_path / RECORD).write_text(text)
+    with pytest.raises(DataFormatError, match=rf"host\.json: field '{field}'" if field else r"host\.json: expected"):
+        read_record(tmp_path)
+
+
+def test_metrics_name_the_training_hosts_and_the_database_files_them(tmp_path):
+    from ragrl.eval.evaluate import summarize, write_metrics
+
+    rl = _model(tmp_path, "rl", "rl", [0, 2], start=_model(tmp_path, "sft", "sft", [0]))
+    metrics = summarize([{"em": 1.0, "f1": 1.0, "cover_em": 1.0, "format": 1.0, "turns": 1, "searches": 1}],
+                        "r1", "nq")
+    path = tmp_path / "eval" / "r1" / "nq" / "metrics.json"
+    written = write_metrics(metrics, path, models=[rl, "org/hub-model"])
+    assert [(r["model"], r["stage"], r["from_step"]) for r in written["trained"]] == [
+        (str(rl), "sft", 0), (str(rl), "rl", 0), (str(rl), "rl", 2)]
+    kwargs = _inputs(tmp_path / "in", None)
+    kwargs["evals"] = [path]
+    db = tmp_path / "db.duckdb"
+    build_database(db, **kwargs)
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.execute("SELECT seq, stage, segment, from_step, cpu, torch FROM train_hosts "
+                           "WHERE run_id = 'r1' AND dataset = 'nq' ORDER BY seq").fetchall()
+    assert rows == [(0, "sft", 0, 0, cpu_model(), written["host"]["torch"]), (1, "rl", 0, 0, cpu_model(),
+                    written["host"]["torch"]), (2, "rl", 1, 2, cpu_model(), written["host"]["torch"])]
+
+
+@pytest.mark.parametrize("trained, field", [
+    ({"stage": "rl"}, "trained"), ([3], r"trained\[0\]"),
+    ([{"model": "m", "stage": "rl", "segment": 0, "from_step": True}], r"trained\[0\]\.from_step"),
+    ([{"model": "m", "stage": "rl", "segment": 0, "from_step": 0, "host": {"cpu": 1}}], r"trained\[0\]\.host\.cpu"),
+])
+def test_a_malformed_training_host_names_its_field(tmp_path, trained, field):
+    kwargs = _inputs(tmp_path, {"cpu": "x"})
+    obj = json.loads(kwargs["evals"][0].read_text())
+    kwargs["evals"][0].write_text(json.dumps({**obj, "trained": trained}))
+    db = tmp_path / "db.duckdb"
+    with pytest.raises(DataFormatError, match=rf"metrics\.json: field '{field}'"):
+        build_database(db, **kwargs)
+    assert not db.exists()

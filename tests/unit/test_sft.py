@@ -26,6 +26,7 @@ import transformers
 
 from replay import SegmentGenerator
 
+from ragrl import hostinfo
 from ragrl.agent.environments import MultiQuerySearchEnvironment, SearchEnvironment
 from ragrl.agent.generation import OpenAICompletionsGenerator
 from ragrl.agent.retriever_adapter import AgentRetriever
@@ -445,6 +446,11 @@ def test_sft_lowers_the_assistant_token_loss(tiny, gold_parquet, tmp_path):
     assert after < before - 0.5, (before, after)
     log = [json.loads(line) for line in (out / "sft_log.jsonl").read_text().splitlines()]
     assert any("loss" in r for r in log) and log[-1]["step"] == 8
+    # The hosts that trained it: this one, after the start's (the tiny base has no record).
+    record = hostinfo.read_record(out)
+    assert record["stage"] == "sft" and record["start"] is None
+    assert [(s["from_step"], s["cpu"], s["torch"]) for s in record["segments"]] == [(0, hostinfo.cpu_model(),
+                                                                                   torch.__version__)]
 
 
 @pytest.mark.slow
@@ -458,6 +464,9 @@ def test_lora_adapter_merge_equals_base_plus_adapter(tiny, gold_parquet, tmp_pat
     assert not (adapter / "model.safetensors").exists()
     merged_dir = merge_lora(tiny.model_dir, adapter, tmp_path / "merged")
     assert not (merged_dir / "adapter_config.json").exists() and (merged_dir / "model.safetensors").is_file()
+    # The merge keeps the adapter's training record (the adapter dir is the one SFT wrote).
+    assert hostinfo.read_record(adapter)["stage"] == "sft"
+    assert hostinfo.read_record(merged_dir) == hostinfo.read_record(adapter)
 
     ids = torch.tensor([pq.read_table(gold_parquet).to_pylist()[0]["input_ids"][:200]])
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny.model_dir, dtype=torch.float32).eval()

@@ -85,6 +85,13 @@ def test_workflow_runs_end_to_end(tmp_path):
     hosts = con.execute("select count(*), count(cpu), count(torch), count(cpu_capability) from hosts").fetchone()
     n_evals = con.execute("select count(*) from (select distinct run_id, dataset from evals)").fetchone()[0]
     assert n_evals > 0 and hosts == (n_evals,) * 4, (hosts, n_evals)
+    # Each agent model names the hosts that trained it, stage by stage (the random base has none).
+    stages = dict(con.execute("select run_id, string_agg(stage, ' ' order by seq) from train_hosts "
+                              "where dataset in ('world_test', 'world_kgqa_A_test') group by run_id").fetchall())
+    assert {r: stages.get(r) for r in RUNS + KG_RUNS} == {
+        "base": None, "no_retrieval": None, "search_r1_sft": "sft", "search_r1_rl": "sft rl",
+        "search_r1_oracle": "sft rl", "kg_r1_sft": "sft", "kg_r1_rl": "sft rl"}
+    assert con.execute("select count(*) from train_hosts where cpu is null or torch is null").fetchone()[0] == 0
     table = (tmp_path / "results/tables/toy_em.md").read_text()
     for run_id, dataset, value in leaderboard:
         if run_id in RUNS and dataset == "world_test":

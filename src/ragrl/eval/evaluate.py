@@ -13,8 +13,10 @@ Outputs (both written atomically, in `out_dir`):
   prediction column (null when n = 0) and its 95% percentile-bootstrap interval (1,000 resamples
   of the questions, seeded; null when n = 0); with typed questions (`metadata.type`, the world's
   1hop / bridge / comparison) also "by_type": {type: {"n", "metrics", "ci95"}}, which the results
-  database files as dataset `<dataset>:<type>`; and "host" (`ragrl.hostinfo.host_info`: CPU, torch
-  and its kernels), which the database files in table `hosts`.
+  database files as dataset `<dataset>:<type>`; "host" (`ragrl.hostinfo.host_info`: CPU, torch
+  and its kernels), which the database files in table `hosts`; and "trained": the hosts that
+  trained the evaluated model, its pretraining first (`ragrl.hostinfo.lineage` of its `host.json`;
+  empty for a model without one), which the database files in table `train_hosts`.
 
 Decoding is greedy by default: `temperature=0.0` overrides the rollout config's (pass
 `temperature=None` to sample with the config's own); one sample per question whatever
@@ -38,7 +40,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ragrl.errors import InputError
-from ragrl.hostinfo import host_info
+from ragrl.hostinfo import host_info, lineage, read_record
 from ragrl.io import read_columns, write_json, write_parquet
 from ragrl.agent.protocol import recorded_turns
 from ragrl.rewards.qa import cover_exact_match, exact_match, f1, turns_format_reward
@@ -102,17 +104,19 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     out_dir = Path(out_dir)
     schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in extra_columns)])
     write_parquet(pa.Table.from_pylist(predictions, schema=schema), out_dir / "predictions.parquet")
-    metrics = write_metrics(metrics, out_dir / "metrics.json")
+    metrics = write_metrics(metrics, out_dir / "metrics.json", models=[model_dir] if model_dir is not None else [])
     shown = " ".join(f"{k}={v:.4f}" if v is not None else f"{k}=null" for k, v in metrics["metrics"].items())
     print(f"[eval] {run_id}/{dataset}: n={metrics['n']} {shown}", file=sys.stderr, flush=True)
     return metrics
 
 
-def write_metrics(metrics: dict, path: str | Path) -> dict:
-    """Write a metrics.json with the host that computed it, and return what was written: results
-    of one commit differ by float rounding between CPU kinds and torch builds, and the database
-    shows which host gave which."""
-    written = {**metrics, "host": host_info()}
+def write_metrics(metrics: dict, path: str | Path, models: Sequence[str | Path] = ()) -> dict:
+    """Write a metrics.json with the host that computed it and the hosts that trained `models`
+    (the evaluated model directories; a hub id has no record), and return what was written:
+    results of one commit differ by float rounding between CPU kinds and torch builds, and the
+    database shows which host gave which."""
+    trained = [{"model": str(m), **row} for m in models for row in lineage(read_record(m))]
+    written = {**metrics, "host": host_info(), "trained": trained}
     write_json(written, path)
     return written
 

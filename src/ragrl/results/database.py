@@ -37,6 +37,11 @@ Tables::
                  machine that evaluated each run x dataset (metrics.json "host",
                  `ragrl.hostinfo`): one commit's results differ by float rounding between CPU
                  kinds and torch builds; NULL columns where a metrics.json has no host
+    train_hosts (run_id, dataset, model, seq INTEGER, stage, segment INTEGER, from_step BIGINT, cpu,
+                 cpu_capability, torch, cuda_device, host JSON) -- the machines that trained the
+                 evaluated model, from its pretraining to its last stage (metrics.json "trained":
+                 the model directory's host.json chain), one row per start of a training (a job
+                 resumed on another node adds one); none for a model without a record
     meta        (key, value JSON)              -- main_metric, table_specs, paired_bootstrap
 
 Views::
@@ -126,6 +131,10 @@ CREATE TABLE paired (
 CREATE TABLE hosts (
     run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, cpu VARCHAR, cpu_capability VARCHAR, torch VARCHAR,
     cuda_device VARCHAR, host JSON, PRIMARY KEY (run_id, dataset));
+CREATE TABLE train_hosts (
+    run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, model VARCHAR NOT NULL, seq INTEGER NOT NULL,
+    stage VARCHAR NOT NULL, segment INTEGER NOT NULL, from_step BIGINT NOT NULL, cpu VARCHAR,
+    cpu_capability VARCHAR, torch VARCHAR, cuda_device VARCHAR, host JSON, PRIMARY KEY (run_id, dataset, seq));
 CREATE TABLE meta (key VARCHAR PRIMARY KEY, value JSON);
 """
 
@@ -254,18 +263,37 @@ def _read_eval_object(path: Path, obj: dict, prefix: str = "") -> tuple[str, str
 HOST_FIELDS = ("cpu", "cpu_capability", "torch", "cuda_device")
 
 
-def _read_host(path: Path, obj: dict) -> tuple[str | None, ...]:
+def _read_host(path: Path, obj: dict, field: str = "host") -> tuple[str | None, ...]:
     """metrics.json's optional "host" object: its string fields, then the whole object as JSON."""
     host = obj.get("host")
     if host is None:
         return (None,) * (len(HOST_FIELDS) + 1)
     if not isinstance(host, dict):
         raise DataFormatError(path, f"expected an object (ragrl.hostinfo.host_info), got {type(host).__name__}",
-                              field="host")
+                              field=field)
     for key in HOST_FIELDS:
         if host.get(key) is not None and not isinstance(host[key], str):
-            raise DataFormatError(path, f"expected a string or null, got {host[key]!r}", field=f"host.{key}")
+            raise DataFormatError(path, f"expected a string or null, got {host[key]!r}", field=f"{field}.{key}")
     return (*(host.get(k) for k in HOST_FIELDS), json.dumps(_nan_to_none(host), sort_keys=True, ensure_ascii=False))
+
+
+def _read_trained(path: Path, obj: dict) -> list[tuple[Any, ...]]:
+    """metrics.json's optional "trained" list (`ragrl.hostinfo.lineage` rows with their model):
+    (model, seq, stage, segment, from_step, HOST_FIELDS..., host JSON) per row."""
+    trained = obj.get("trained") or []
+    if not isinstance(trained, list):
+        raise DataFormatError(path, f"expected a list, got {type(trained).__name__}", field="trained")
+    rows = []
+    for i, row in enumerate(trained):
+        where = f"trained[{i}]"
+        if not isinstance(row, dict):
+            raise DataFormatError(path, f"expected an object, got {type(row).__name__}", field=where)
+        for key, kind in (("model", str), ("stage", str), ("segment", int), ("from_step", int)):
+            if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
+                raise DataFormatError(path, f"expected {kind.__name__}, got {row.get(key)!r}", field=f"{where}.{key}")
+        rows.append((row["model"], i, row["stage"], row["segment"], row["from_step"],
+                     *_read_host(path, row, f"{where}.host")))
+    return rows
 
 
 def _read_train_log(path: Path, run_id: str) -> tuple[list[dict[str, Any]], set[str]]:
@@ -442,6 +470,7 @@ def build_database(
     type_rows: list[tuple[str, str, str, str, float | None, int, float | None, float | None]] = []
     eval_files: dict[tuple[str, str], Path] = {}
     host_rows: list[tuple[str | None, ...]] = []  # run_id, dataset, HOST_FIELDS, the host as JSON
+    train_host_rows: list[tuple[Any, ...]] = []  # run_id, dataset, then _read_trained's columns
     for p in map(Path, evals):
         obj = _read_json_object(p)
         run_id, dataset, n, metrics = _read_eval_object(p, obj)
@@ -452,6 +481,7 @@ def build_database(
         eval_files[run_id, dataset] = p
         ci = _read_ci95(p, obj)
         host_rows.append((run_id, dataset, *_read_host(p, obj)))
+        train_host_rows += [(run_id, dataset, *row) for row in _read_trained(p, obj)]
         eval_rows += [(run_id, dataset, m, v, n, *ci.get(m, (None, None))) for m, v in metrics.items()]
         # Per question type (metrics.json "by_type"), so that a table or a query can put 1hop /
         # bridge / comparison side by side.
@@ -514,8 +544,8 @@ def build_database(
     try:
         con = duckdb.connect(str(tmp_db), config={"storage_compatibility_version": STORAGE_VERSION})
         try:
-            _write_all(con, run_rows, eval_rows, type_rows, host_rows, pred_map, pred_cols, train_records, extra_keys,
-                       bench, dict(rule_gpus), specs, main_metric, lineages)
+            _write_all(con, run_rows, eval_rows, type_rows, (host_rows, train_host_rows), pred_map, pred_cols,
+                       train_records, extra_keys, bench, dict(rule_gpus), specs, main_metric, lineages)
             con.execute("CHECKPOINT")
         except duckdb.Error as exc:
             raise InputError(f"{db_path}: building the results database failed: "
@@ -530,7 +560,7 @@ def build_database(
     return db_path
 
 
-def _write_all(con, run_rows, eval_rows, type_rows, host_rows, pred_map, pred_cols, train_records, extra_keys,
+def _write_all(con, run_rows, eval_rows, type_rows, host_tables, pred_map, pred_cols, train_records, extra_keys,
                bench, rule_gpus, specs, main_metric, lineages) -> None:
     con.execute(_SCHEMA)
     cols = ", ".join(("run_id", "recipe", "model", "config_hash", "git_commit", "seeds", "stage",
@@ -545,8 +575,12 @@ def _write_all(con, run_rows, eval_rows, type_rows, host_rows, pred_map, pred_co
         con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
     if type_rows:
         con.executemany("INSERT INTO evals_by_type VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [list(r) for r in type_rows])
+    host_rows, train_host_rows = host_tables
     if host_rows:
         con.executemany("INSERT INTO hosts VALUES (?, ?, ?, ?, ?, ?, ?::JSON)", [list(r) for r in host_rows])
+    if train_host_rows:
+        con.executemany("INSERT INTO train_hosts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?::JSON)",
+                        [list(r) for r in train_host_rows])
 
     # predictions: one read_parquet over all files; run/dataset joined on the file name.
     if pred_map:

@@ -343,7 +343,8 @@ def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pass
     predictions = _predictions(engine, env, rows, batch_size, f"harr eval {run_id}/{dataset}")
     metrics = summarize(predictions, run_id, dataset)
     write_parquet(pa.Table.from_pylist(predictions, schema=PREDICTION_SCHEMA), out_dir / "predictions.parquet")
-    metrics = write_metrics(metrics, out_dir / "metrics.json")
+    models = [m for m in (getattr(generator, "model", generator), encoder) if m is not None]
+    metrics = write_metrics(metrics, out_dir / "metrics.json", models=models)
     shown = " ".join(f"{k}={v:.4f}" for k, v in metrics["metrics"].items() if v is not None)
     print(f"[harr] eval {run_id}/{dataset}: n={metrics['n']} {shown}", flush=True)
     return metrics
@@ -380,7 +381,7 @@ def recall_stage(harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, ou
     metrics = {k: float(np.mean(v)) for k, v in values.items()}
     report = {"run_id": run_id, "dataset": f"{dataset}_multihop", "n": len(rows), "metrics": metrics,
               "ci95": {k: bootstrap_ci(v) for k, v in values.items()}}
-    report = write_metrics(report, out)
+    report = write_metrics(report, out, models=[encoder] if encoder is not None else [])
     print(f"[harr] recall {run_id}/{dataset}: n={len(rows)} "
           + " ".join(f"{k}={v:.3f}" for k, v in metrics.items()), flush=True)
     return report

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ragrl import hostinfo
 from ragrl.errors import InputError
 from ragrl.io import atomic_dir, publish_tree_modes, write_json
 from ragrl import workdir
@@ -302,15 +303,19 @@ def load_checkpoint_state(
 
 
 def save_final(
-    accelerator, model, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, trainer_state: dict[str, Any]
+    accelerator, model, out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, trainer_state: dict[str, Any],
+    host_record: dict | None = None,
 ) -> Path:
-    """out_dir/final: HF model + the policy's tokenizer, published atomically; call on every rank."""
+    """out_dir/final: HF model + the policy's tokenizer (+ `host_record` as ragrl.hostinfo.RECORD),
+    published atomically; call on every rank."""
     final = Path(out_dir) / FINAL
     state_dict = gather_state_dict(accelerator, model)
     if accelerator.is_main_process:
         with atomic_dir(final) as tmp:
             write_model(accelerator, model, state_dict, tmp)
             copy_tokenizer(tokenizer_dir, tmp)
+            if host_record is not None:
+                hostinfo.write_record(tmp, host_record)
             write_json({**trainer_state, "finished": True}, tmp / TRAINER_STATE)
     accelerator.wait_for_everyone()
     return final

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ragrl import hostinfo
 from ragrl.io import atomic_dir
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -39,6 +40,8 @@ def merge_lora(base_dir: str | Path, adapter_dir: str | Path, out_dir: str | Pat
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if (adapter_dir / hostinfo.RECORD).is_file():  # the hosts that trained the adapter
+            shutil.copyfile(adapter_dir / hostinfo.RECORD, tmp / hostinfo.RECORD)
     return out_dir
 
 

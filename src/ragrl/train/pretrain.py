@@ -44,6 +44,7 @@ import torch
 
 from ragrl.agent.protocol import format_docs
 from ragrl.errors import InputError
+from ragrl.hostinfo import segment, training_record, write_record
 from ragrl.io import atomic_dir, write_json
 from ragrl.paths import SPLITS
 from ragrl.toy.relations import RELATION_BY_KEY, RELATIONS
@@ -470,6 +471,7 @@ def pretrain(world_dir: str | Path, out_dir: str | Path, spec=None, args: Pretra
         (tmp / "pretrain_log.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history))
         write_json({"args": asdict(args), "probe_split": probe_split, "reserved_names": len(reserved),
                     "cache_key": key, "pretrain_version": PRETRAIN_VERSION}, tmp / "pretrain_args.json")
+        write_record(tmp, training_record("pretrain", [segment(0)]))
     if cached is not None and write_cache:
         with atomic_dir(cached) as tmp:
             shutil.copytree(out_dir, tmp, dirs_exist_ok=True)

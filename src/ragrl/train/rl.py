@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ragrl import hostinfo
 from ragrl.errors import InputError
 from ragrl.progress import note_once
 from ragrl.settings import ALGORITHMS, RLConfig  # noqa: F401  (re-exported)
@@ -624,6 +625,8 @@ def train_rl(
                 print(f"[rl] warning: config differs from the checkpoint's in {changed}", file=sys.stderr, flush=True)
     if is_main:
         ckpt.truncate_log(log_path, log_offset)
+        if start_step < cfg.steps:
+            hostinfo.append_segment(out_dir, start_step)
     accelerator.wait_for_everyone()
 
     for step in range(start_step + 1, cfg.steps + 1):
@@ -645,7 +648,9 @@ def train_rl(
             )
 
     # Also reached with no step left to run: a run killed while writing `final` only redoes that.
-    final = ckpt.save_final(accelerator, model, out_dir, policy_dir, {"step": cfg.steps, "config": asdict(cfg)})
+    record = hostinfo.training_record("rl", hostinfo.read_segments(out_dir), policy_dir) if is_main else None
+    final = ckpt.save_final(accelerator, model, out_dir, policy_dir, {"step": cfg.steps, "config": asdict(cfg)},
+                            host_record=record)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return final
