@@ -7,8 +7,8 @@ lets a reader tell "another host" from "another code". `host_info` describes the
 process. A trained model describes the hosts that trained it in its `host.json` (`RECORD`): one
 segment per start of its training (a job resumed on another node adds one), and the record of
 the model it started from, so an RL checkpoint names the hosts of its RL, its SFT and its
-pretraining; `lineage` flattens that chain for the results database. Standard library only;
-torch is described when the process has it imported.
+pretraining; `lineage` flattens that chain for the results database. Standard library and
+`ragrl.errors` only; torch is described when the process has it imported.
 """
 
 from __future__ import annotations
@@ -69,19 +69,21 @@ def host_info() -> dict[str, Any]:
 
 RECORD = "host.json"  # in a model directory: the hosts that trained it (`training_record`)
 SEGMENTS = "hosts.jsonl"  # in a resumable training's work directory: one line per start
+HOST_FIELDS = ("cpu", "cpu_capability", "torch", "cuda_device")  # strings or null
 _MAX_DEPTH = 64  # a start chain longer than this is a cycle or a corrupt record
 
 
 def segment(from_step: int = 0) -> dict[str, Any]:
-    """One start of a training: the step it began from and the host it ran on."""
+    """One start of a training: the step it began from and the host its main process ran on (a
+    multi-process job's other ranks are not described)."""
     return {"from_step": int(from_step), **host_info()}
 
 
-def training_record(stage: str, segments: list[dict[str, Any]], start: str | os.PathLike | None = None) -> dict:
-    """What `RECORD` holds: the stage ("pretrain", "sft", "rl", ...), its segments (`segment`),
-    and `start`, the record of the model it started from (None when that model has none: a hub
-    checkpoint, a model trained before records existed, the verl backend's)."""
-    return {"stage": stage, "segments": list(segments), "start": read_record(start) if start is not None else None}
+def training_record(stage: str, segments: list[dict[str, Any]], start: dict | None = None) -> dict:
+    """What `RECORD` holds: the stage ("pretrain", "sft", "rl", "harr"), its segments (`segment`),
+    and `start`, the record of the model it started from (`read_record`; None when that model has
+    none: a hub checkpoint, the shipped pretrained base, a model the verl backend trained)."""
+    return {"stage": stage, "segments": list(segments), "start": start}
 
 
 def write_record(model_dir: str | os.PathLike, record: dict) -> None:
@@ -89,7 +91,8 @@ def write_record(model_dir: str | os.PathLike, record: dict) -> None:
 
 
 def read_record(model_dir: str | os.PathLike) -> dict | None:
-    """The model directory's `RECORD`, or None when it has none (or is not a directory: a hub id)."""
+    """The model directory's `RECORD`, checked, or None when it has none (or is not a directory:
+    a hub id). Read it before the work it describes, so a malformed one fails the job at once."""
     path = Path(model_dir, RECORD)
     if not path.is_file():
         return None
@@ -101,28 +104,52 @@ def read_record(model_dir: str | os.PathLike) -> dict | None:
     return record
 
 
-def _check_record(path: Path, record: Any, where: str = "") -> None:
-    for depth in range(_MAX_DEPTH):
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_host(path: str | os.PathLike, host: Any, field: str, line: int | None = None) -> None:
+    """A host_info object: an object whose HOST_FIELDS are strings or null."""
+    if not isinstance(host, dict):
+        raise DataFormatError(path, f"expected an object (ragrl.hostinfo.host_info), got {type(host).__name__}",
+                              field=field, line=line)
+    for key in HOST_FIELDS:
+        if host.get(key) is not None and not isinstance(host[key], str):
+            raise DataFormatError(path, f"expected a string or null, got {host[key]!r}", field=f"{field}.{key}",
+                                  line=line)
+
+
+def _check_segment(path: Path, value: Any, field: str, line: int | None = None) -> None:
+    if not isinstance(value, dict):
+        raise DataFormatError(path, f"expected an object, got {type(value).__name__}", field=field, line=line)
+    if not _is_int(value.get("from_step")):
+        raise DataFormatError(path, f"expected an integer, got {value.get('from_step')!r}",
+                              field=f"{field}.from_step" if field else "from_step", line=line)
+    check_host(path, value, field or "segment", line)
+
+
+def _check_record(path: Path, record: Any) -> None:
+    prefix = ""
+    for _ in range(_MAX_DEPTH):
         if not isinstance(record, dict):
-            raise DataFormatError(path, f"expected an object, got {type(record).__name__}", field=where or None)
+            raise DataFormatError(path, f"expected an object, got {type(record).__name__}",
+                                  field=prefix.rstrip(".") or None)
         if not isinstance(record.get("stage"), str):
-            raise DataFormatError(path, "expected a string", field=f"{where}stage")
+            raise DataFormatError(path, f"expected a string, got {record.get('stage')!r}", field=f"{prefix}stage")
         segments = record.get("segments")
-        if not isinstance(segments, list) or not all(isinstance(s, dict) for s in segments):
-            raise DataFormatError(path, "expected a list of objects", field=f"{where}segments")
+        if not isinstance(segments, list):
+            raise DataFormatError(path, f"expected a list, got {type(segments).__name__}", field=f"{prefix}segments")
         for i, s in enumerate(segments):
-            if not isinstance(s.get("from_step"), int):
-                raise DataFormatError(path, f"expected an integer, got {s.get('from_step')!r}",
-                                      field=f"{where}segments[{i}].from_step")
+            _check_segment(path, s, f"{prefix}segments[{i}]")
         record = record.get("start")
         if record is None:
             return
-        where = f"{where}start."
-    raise DataFormatError(path, f"the chain of start records is longer than {_MAX_DEPTH}", field=where)
+        prefix += "start."
+    raise DataFormatError(path, f"the chain of start records is longer than {_MAX_DEPTH}", field=prefix.rstrip("."))
 
 
 def read_segments(work_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The segments a resumable training appended to `SEGMENTS` (`append_segment`), in order."""
+    """The segments of a resumable training (`append_segment`), in order."""
     path = Path(work_dir, SEGMENTS)
     if not path.is_file():
         return []
@@ -134,17 +161,26 @@ def read_segments(work_dir: str | os.PathLike) -> list[dict[str, Any]]:
             value = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataFormatError(path, f"not JSON: {e}", line=n) from None
-        if not isinstance(value, dict) or not isinstance(value.get("from_step"), int):
-            raise DataFormatError(path, "expected an object with an integer from_step", line=n, field="from_step")
+        _check_segment(path, value, "", line=n)
         out.append(value)
     return out
 
 
-def append_segment(work_dir: str | os.PathLike, from_step: int) -> None:
-    """Note that a training (re)starts here at `from_step`: each start of a resumable job adds a
-    line, so a run killed on one node and resumed on another names both."""
-    with open(Path(work_dir, SEGMENTS), "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(segment(from_step), sort_keys=True) + "\n")
+def append_segment(work_dir: str | os.PathLike, from_step: int) -> list[dict[str, Any]]:
+    """Note that a training (re)starts at `from_step` on this host, and return the segments. A
+    start whose work was lost (a kill before the next checkpoint, a resume from an earlier one)
+    is dropped with its steps, as the training log is cut back to the checkpoint; a run killed on
+    one node and resumed on another names both. Rewritten whole and replaced atomically, so a
+    kill never leaves half a line."""
+    path = Path(work_dir, SEGMENTS)
+    kept = [s for s in read_segments(work_dir) if s["from_step"] < from_step] + [segment(from_step)]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(s, sort_keys=True) + "\n" for s in kept))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return kept
 
 
 def lineage(record: dict | None) -> list[dict[str, Any]]:

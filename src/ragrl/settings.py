@@ -251,7 +251,8 @@ class RLConfig:
                                                          "log-prob and loss passes; 0: a micro-batch's at once")
     # DAPO's / HARR's filter: tied groups' tokens get no loss and do not count in its normaliser; a
     # step where every group ties makes no update. Their share is logged either way (`tied_group_share`).
-    filter_tied_groups: bool = setting(False, help="leave groups whose rewards all tie out of the update (DAPO, HARR)")
+    filter_tied_groups: bool = setting(False, help="leave groups whose rewards all tie out of the update (DAPO, HARR); with "
+                                  "turn_advantage_weight, a group counts as tied only if its turn rewards tie too")
     # algorithm ppo only, under verl's names; the defaults are verl's.
     gamma: float = setting(1.0, ge=0, le=1, help="ppo: GAE discount per policy token (observation tokens are "
                                                  "skipped, not discounted; verl algorithm.gamma)")

@@ -59,9 +59,15 @@ class WorkDirBusy(RagrlError, RuntimeError):
     """Another live process holds the work directory's lock."""
 
 
+# A model directory's record of the hosts that trained it (ragrl.hostinfo.RECORD): where the model
+# came from, not what it is, so two directories with the same weights fingerprint alike.
+PROVENANCE_FILES = ("host.json",)
+
+
 def content_digest(path: str | os.PathLike) -> str:
     """SHA-256 of a file's bytes, or of a directory's files (relative names and contents, in
-    sorted order). Hidden entries (".name.tmp" leftovers of atomic writes) are skipped."""
+    sorted order). Hidden entries (".name.tmp" leftovers of atomic writes) and a top-level
+    PROVENANCE_FILES entry are skipped."""
     path = Path(path)
     if path.is_file():
         return _file_digest(path)
@@ -70,7 +76,7 @@ def content_digest(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         rel = file.relative_to(path)
-        if any(part.startswith(".") for part in rel.parts):
+        if any(part.startswith(".") for part in rel.parts) or rel.as_posix() in PROVENANCE_FILES:
             continue
         h.update(f"{rel.as_posix()}\0{_file_digest(file)}\n".encode())
     return h.hexdigest()

@@ -120,6 +120,12 @@ def test_grpo_learns_toy_task(toy, tmp_path, capsys):
 
 def test_tied_samples_marks_groups_whose_rewards_all_tie():
     assert tied_samples([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], [0, 0, 1, 1, 2, 2]) == [True, True, False, False, True, True]
+    # With turn rewards, a group tied on its global reward still learns from turns that differ
+    # (a search that found the second hop against one that did not); equal turns leave it tied.
+    turns = [[0.5, 0.5], [0.5, 0.0], [1.0], [1.0, 0.0], [0.5], [0.5]]
+    assert tied_samples([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], [0, 0, 1, 1, 2, 2], turns) == [
+        False, False, False, False, True, True]
+    assert tied_samples([0.0, 0.0], [0, 0], [None, None]) == [True, True]
 
 
 def test_tied_group_share_is_logged_and_the_filter_skips_all_tied_steps(toy, tmp_path):
@@ -273,6 +279,7 @@ def test_resume_after_sigkill_continues_exactly(toy, tmp_path):
     assert time.monotonic() - t0 < 1.0
     assert (out / LOG_NAME).read_bytes() == log_bytes
     assert (final / "model.safetensors").stat().st_mtime_ns == final_mtime
+    assert len(hostinfo.read_segments(out)) == 2  # and adds no start to the record
 
 
 # --- DeepSpeed ZeRO-2, 2 processes on CPU -------------------------------------------------------

@@ -91,11 +91,11 @@ def test_a_malformed_host_names_its_field(tmp_path, host, field):
 
 
 def _model(tmp_path, name, stage, from_steps, start=None):
-    from ragrl.hostinfo import segment, training_record, write_record
+    from ragrl.hostinfo import read_record, segment, training_record, write_record
 
     d = tmp_path / name
     d.mkdir()
-    write_record(d, training_record(stage, [segment(s) for s in from_steps], start))
+    write_record(d, training_record(stage, [segment(s) for s in from_steps], read_record(start) if start else None))
     return d
 
 
@@ -114,21 +114,30 @@ def test_a_model_names_the_hosts_of_its_whole_lineage(tmp_path):
     assert read_record(tmp_path / "no-such-model") is None and lineage(None) == []
 
 
-def test_resumed_segments_are_appended_in_order(tmp_path):
+def test_resumed_segments_are_appended_in_order_and_lost_work_is_dropped(tmp_path):
     from ragrl.hostinfo import SEGMENTS, append_segment, read_segments
 
     append_segment(tmp_path, 0)
-    append_segment(tmp_path, 4)
+    assert [s["from_step"] for s in append_segment(tmp_path, 4)] == [0, 4]
     assert [s["from_step"] for s in read_segments(tmp_path)] == [0, 4]
+    # Killed before the step-6 checkpoint and resumed from step 4 again: the lost start goes,
+    # as its steps went from the training log.
+    append_segment(tmp_path, 6)
+    assert [s["from_step"] for s in append_segment(tmp_path, 4)] == [0, 4]
+    assert [s["from_step"] for s in append_segment(tmp_path, 0)] == [0]  # checkpoints deleted: from scratch
+    assert not list(tmp_path.glob(".*tmp"))
     (tmp_path / SEGMENTS).write_text('{"from_step": 0}\n{"from_step": "4"}\n')
     with pytest.raises(DataFormatError, match=r"hosts\.jsonl:2: field 'from_step'"):
         read_segments(tmp_path)
 
 
 @pytest.mark.parametrize("text, field", [
-    ("[]", None), ('{"segments": []}', "stage"), ('{"stage": "rl", "segments": [1]}', "segments"),
+    ("[]", None), ('{"segments": []}', "stage"), ('{"stage": "rl", "segments": [1]}', r"segments\[0\]"), ('{"stage": "rl", "segments": {}}', "segments"),
     ('{"stage": "rl", "segments": [{"from_step": 1.5}]}', r"segments\[0\]\.from_step"),
     ('{"stage": "rl", "segments": [], "start": {"stage": 3, "segments": []}}', r"start\.stage"),
+    ('{"stage": "rl", "segments": [{"from_step": true}]}', r"segments\[0\]\.from_step"),
+    ('{"stage": "rl", "segments": [{"from_step": 0, "cpu": 1}]}', r"segments\[0\]\.cpu"),
+    ('{"stage": "rl", "segments": [], "start": []}', "start"),
 ])
 def test_a_malformed_record_names_its_field(tmp_path, text, field):
     from ragrl.hostinfo import RECORD, read_record
@@ -139,13 +148,15 @@ def test_a_malformed_record_names_its_field(tmp_path, text, field):
 
 
 def test_metrics_name_the_training_hosts_and_the_database_files_them(tmp_path):
-    from ragrl.eval.evaluate import summarize, write_metrics
+    import torch  # noqa: F401  (the segments then name torch, as a training process's do)
+
+    from ragrl.eval.evaluate import summarize, trained_hosts, write_metrics
 
     rl = _model(tmp_path, "rl", "rl", [0, 2], start=_model(tmp_path, "sft", "sft", [0]))
     metrics = summarize([{"em": 1.0, "f1": 1.0, "cover_em": 1.0, "format": 1.0, "turns": 1, "searches": 1}],
                         "r1", "nq")
     path = tmp_path / "eval" / "r1" / "nq" / "metrics.json"
-    written = write_metrics(metrics, path, models=[rl, "org/hub-model"])
+    written = write_metrics(metrics, path, trained=trained_hosts([rl, "org/hub-model"]))
     assert [(r["model"], r["stage"], r["from_step"]) for r in written["trained"]] == [
         (str(rl), "sft", 0), (str(rl), "rl", 0), (str(rl), "rl", 2)]
     kwargs = _inputs(tmp_path / "in", None)
@@ -160,7 +171,7 @@ def test_metrics_name_the_training_hosts_and_the_database_files_them(tmp_path):
 
 
 @pytest.mark.parametrize("trained, field", [
-    ({"stage": "rl"}, "trained"), ([3], r"trained\[0\]"),
+    ({"stage": "rl"}, "trained"), ({}, "trained"), ([3], r"trained\[0\]"),
     ([{"model": "m", "stage": "rl", "segment": 0, "from_step": True}], r"trained\[0\]\.from_step"),
     ([{"model": "m", "stage": "rl", "segment": 0, "from_step": 0, "host": {"cpu": 1}}], r"trained\[0\]\.host\.cpu"),
 ])

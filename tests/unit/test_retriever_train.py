@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from ragrl import hostinfo
 from ragrl.train.retriever_grpo import Trajectory
 from ragrl.train.retriever_policy import retrieve
 from ragrl.train.retriever_train import RetrieverTrainConfig, step_questions, train_retriever
@@ -79,9 +80,13 @@ def test_resume_after_a_kill_matches_the_uninterrupted_run(tmp_path):
     assert (tmp_path / "b" / "train_log.jsonl").read_text() == log_a
     assert [json.loads(line)["step"] for line in log_a.splitlines()] == [1, 2, 3, 4, 5, 6]
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["step-4", "step-6"]
+    # Both starts are on record (the killed one up to its step-4 checkpoint), the straight run's one.
+    assert [s["from_step"] for s in hostinfo.read_segments(tmp_path / "b")] == [0, 4]
+    assert [s["from_step"] for s in hostinfo.read_segments(tmp_path / "a")] == [0]
     # Finished: a re-run does nothing.
     assert train_retriever(resumed, index, ROWS, _rollout(resumed, index, kill_at=1), tmp_path / "b", CFG) == \
         tmp_path / "b" / "final"
+    assert len(hostinfo.read_segments(tmp_path / "b")) == 2
 
 
 def test_bad_settings_are_refused():
@@ -157,3 +162,7 @@ def test_the_real_encoder_trains_reproducibly_and_a_resumed_run_ends_where_an_un
         assert all(torch.equal(got[name], value) for name, value in want.items())
     merged = [(tmp_path / run / "final" / "encoder" / "model.safetensors").read_bytes() for run in "abc"]
     assert merged[0] == merged[1] == merged[2]
+    # The merged encoder names the hosts of its training: one start, or two for the resumed run.
+    records = [hostinfo.read_record(tmp_path / run / "final" / "encoder") for run in "abc"]
+    assert [r["stage"] for r in records] == ["harr"] * 3 and all(r["start"] is None for r in records)
+    assert [[s["from_step"] for s in r["segments"]] for r in records] == [[0], [0], [0, 2]]

@@ -135,6 +135,12 @@ def test_content_digest_sees_content_not_names_or_times(tmp_path):
     assert workdir.content_digest(a) == workdir.content_digest(b)
     (b / ".model.safetensors.tmp").write_bytes(b"half-written")  # an atomic write's leftover
     assert workdir.content_digest(a) == workdir.content_digest(b)
+    # Where a model was trained is not what it is: the same weights from another host fingerprint alike.
+    from ragrl import hostinfo
+
+    assert workdir.PROVENANCE_FILES == (hostinfo.RECORD,)
+    hostinfo.write_record(b, hostinfo.training_record("sft", [hostinfo.segment(0)]))
+    assert workdir.content_digest(a) == workdir.content_digest(b)
     (b / "model.safetensors").write_bytes(b"v")
     assert workdir.content_digest(a) != workdir.content_digest(b)
 

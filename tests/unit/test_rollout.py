@@ -760,3 +760,42 @@ def test_retrieval_reward_reads_the_passages_the_environment_showed(tiny):
     # A row without supporting ids cannot be scored on retrieval, and says which row.
     with pytest.raises(ValueError, match=row["id"]):
         method.score(recipe, both, {**row, "supporting_ids": []})
+
+
+def test_turn_retrieval_reward_credits_the_search_that_found_each_passage(tiny):
+    """`turn_reward: {retrieval: w}`: each turn's share of the supporting passages it showed first,
+    through the real engine, one value per turn of the rollout's turn index. A repeated search
+    earns nothing the second time; the answer turn earns nothing; the values sum to the episode's
+    `retrieval` reward; without the weight the method gives no turn rewards."""
+    from ragrl.methods import get_method
+    from ragrl.recipe import parse_recipe
+
+    passages = {p["id"]: p for p in tiny.world.passages}
+    row = next(r for r in tiny.rows if len(_hops(r)) == 2 and len(r["supporting_ids"]) == 2)
+    first, second = (passages[i] for i in row["supporting_ids"])
+
+    def run(turns):
+        calls = iter(turns)
+        gen = ScriptedGenerator(tiny.tok, lambda _ctx: next(calls))
+        engine = _engine(tiny, gen, SearchEnvironment(FakeRetriever(tiny.world.passages), topk=1),
+                         max_turns=4, max_turn_tokens=200, max_obs_tokens=400)
+        (t,) = engine.run_rows([row])
+        return t
+
+    def search(p):
+        return f"<think>Look up.</think><search>{p['title']} {p['text']}</search>"
+
+    answer = f"<think>Done.</think><answer>{row['golden_answers'][0]}</answer>"
+    method = get_method("search")
+    recipe = parse_recipe({"env": "search", "reward": {"em": 1.0, "retrieval": 1.0}, "turn_reward": {"retrieval": 2.0},
+                           "rl": {"turn_advantage_weight": 0.5}}, "probe")
+    both = method.score(recipe, run([search(first), search(second), answer]), row)
+    assert both.turn_rewards == [1.0, 1.0, 0.0]  # 2.0 x (1/2, 1/2, 0)
+    again = method.score(recipe, run([search(first), search(first), search(second), answer]), row)
+    assert again.turn_rewards == [1.0, 0.0, 1.0, 0.0]
+    assert sum(again.turn_rewards) == 2.0 * again.components["retrieval"]
+    plain = parse_recipe({"env": "search", "reward": {"em": 1.0}}, "probe")
+    assert method.score(plain, run([search(first), answer]), row).turn_rewards is None
+    assert get_method("multi_query_search").turn_reward_keys == ("retrieval",)
+    with pytest.raises(ValueError, match="turn_reward"):
+        parse_recipe({"env": "search", "turn_reward": {"format": 1.0}}, "probe")

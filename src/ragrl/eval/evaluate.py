@@ -93,6 +93,7 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     if temperature is not None:
         cfg = dataclasses.replace(cfg, temperature=temperature)
     generator, tokenizer = _policy(model_dir, generator, tokenizer, device, dtype)
+    trained = trained_hosts([model_dir] if model_dir is not None else [])  # before the rollouts: fails fast
     desc = f"eval {run_id}/{dataset}"
     # Lines within a batch too: one batch of 100 questions can be a minute of generation.
     generator = CountingGenerator(generator, Ticker(desc).tick)
@@ -104,19 +105,23 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     out_dir = Path(out_dir)
     schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in extra_columns)])
     write_parquet(pa.Table.from_pylist(predictions, schema=schema), out_dir / "predictions.parquet")
-    metrics = write_metrics(metrics, out_dir / "metrics.json", models=[model_dir] if model_dir is not None else [])
+    metrics = write_metrics(metrics, out_dir / "metrics.json", trained=trained)
     shown = " ".join(f"{k}={v:.4f}" if v is not None else f"{k}=null" for k, v in metrics["metrics"].items())
     print(f"[eval] {run_id}/{dataset}: n={metrics['n']} {shown}", file=sys.stderr, flush=True)
     return metrics
 
 
-def write_metrics(metrics: dict, path: str | Path, models: Sequence[str | Path] = ()) -> dict:
-    """Write a metrics.json with the host that computed it and the hosts that trained `models`
-    (the evaluated model directories; a hub id has no record), and return what was written:
-    results of one commit differ by float rounding between CPU kinds and torch builds, and the
-    database shows which host gave which."""
-    trained = [{"model": str(m), **row} for m in models for row in lineage(read_record(m))]
-    written = {**metrics, "host": host_info(), "trained": trained}
+def trained_hosts(models: Sequence[str | Path]) -> list[dict]:
+    """The hosts that trained the evaluated model directories, each one's pretraining first
+    (`ragrl.hostinfo.lineage` rows with their "model"; a hub id or a model without a record adds none)."""
+    return [{"model": str(m), **row} for m in models for row in lineage(read_record(m))]
+
+
+def write_metrics(metrics: dict, path: str | Path, trained: Sequence[dict] = ()) -> dict:
+    """Write a metrics.json with the host that computed it and `trained` (`trained_hosts` of the
+    evaluated models), and return what was written: results of one commit differ by float
+    rounding between CPU kinds and torch builds, and the database shows which host gave which."""
+    written = {**metrics, "host": host_info(), "trained": list(trained)}
     write_json(written, path)
     return written
 

@@ -44,6 +44,7 @@ METHOD = Method(
     score=search.score,
     inputs=("retriever",),
     reward_keys=search.REWARD_KEYS,
+    turn_reward_keys=search.TURN_REWARD_KEYS,
     default_reward={"em": 1.0},
     options=MultiQueryOptions,
     gold_sft=search.gold_sft,

@@ -15,6 +15,9 @@ from ragrl.errors import InputError
 from ragrl.methods import Method, Score
 
 REWARD_KEYS = ("em", "f1", "cover_em", "format", "retrieval")
+# Per-turn reward (`turn_reward: {retrieval: w}` with `rl.turn_advantage_weight`): each turn's share
+# of the supporting passages it showed first, read from the turn record (local RL only).
+TURN_REWARD_KEYS = ("retrieval",)
 # Keys scored from the QA row's supporting passages as well as the trajectory: local RL only
 # (verl's reward function gets the trajectory and the golden answers).
 ROW_REWARD_KEYS = ("retrieval",)
@@ -42,7 +45,16 @@ def answer_score(recipe, trajectory, row: Mapping[str, Any], tools: Sequence[str
     parts = {k: retrieval_reward(trajectory, row) if k == "retrieval" else composite_reward(trajectory, golds,
                                                                                              {k: 1.0}, tools)
              for k in recipe.reward}
-    return Score(sum(float(w) * parts[k] for k, w in recipe.reward.items()), None, parts)
+    return Score(sum(float(w) * parts[k] for k, w in recipe.reward.items()), turn_rewards(recipe, trajectory, row),
+                 parts)
+
+
+def _supporting(row: Mapping[str, Any]) -> list:
+    supporting = row.get("supporting_ids")
+    if supporting is None or len(supporting) == 0:
+        raise InputError(f"QA row {row.get('id')!r}: reward 'retrieval' needs the row's supporting_ids "
+                         "(the passages that answer it); this dataset has none for it")
+    return list(supporting)
 
 
 def retrieval_reward(trajectory, row: Mapping[str, Any]) -> float:
@@ -50,11 +62,21 @@ def retrieval_reward(trajectory, row: Mapping[str, Any]) -> float:
     from ragrl.agent.protocol import recorded_turns
     from ragrl.rewards.qa import support_recall
 
-    supporting = row.get("supporting_ids")
-    if supporting is None or len(supporting) == 0:
-        raise InputError(f"QA row {row.get('id')!r}: reward 'retrieval' needs the row's supporting_ids "
-                         "(the passages that answer it); this dataset has none for it")
-    return support_recall(recorded_turns(trajectory), list(supporting))
+    return support_recall(recorded_turns(trajectory), _supporting(row))
+
+
+def turn_rewards(recipe, trajectory, row: Mapping[str, Any]) -> list[float] | None:
+    """The recipe's per-turn reward, one value per generation call that produced tokens (the
+    rollout's turn index), or None when the recipe weighs none."""
+    from ragrl.agent.protocol import recorded_turns
+    from ragrl.rewards.qa import support_gains
+
+    weight = float(recipe.turn_reward.get("retrieval", 0.0)) if recipe.turn_reward else 0.0
+    if not weight:
+        return None
+    gains = support_gains(recorded_turns(trajectory), _supporting(row))
+    # A last call that generated nothing has a record but no tokens: left out, as KG-R1's are.
+    return [weight * g for g in gains[: max(trajectory.turn_index, default=-1) + 1]]
 
 
 def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
@@ -103,6 +125,7 @@ METHOD = Method(
     score=score,
     inputs=("retriever",),
     reward_keys=REWARD_KEYS,
+    turn_reward_keys=TURN_REWARD_KEYS,
     default_reward={"em": 1.0},
     gold_sft=gold_sft,
     gold_sft_reason=world_gold_reason,

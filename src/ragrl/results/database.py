@@ -92,6 +92,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragrl.errors import DataFormatError, InputError
+from ragrl.hostinfo import HOST_FIELDS, check_host
 from ragrl.results import paired
 from ragrl.results.query import one_line, quote_ident, sql_literal
 from ragrl.results.tables import TableSpec, check_spec, normalize_spec, table_sql
@@ -260,27 +261,21 @@ def _read_eval_object(path: Path, obj: dict, prefix: str = "") -> tuple[str, str
     return obj["run_id"], obj["dataset"], n, values
 
 
-HOST_FIELDS = ("cpu", "cpu_capability", "torch", "cuda_device")
-
-
 def _read_host(path: Path, obj: dict, field: str = "host") -> tuple[str | None, ...]:
     """metrics.json's optional "host" object: its string fields, then the whole object as JSON."""
     host = obj.get("host")
     if host is None:
         return (None,) * (len(HOST_FIELDS) + 1)
-    if not isinstance(host, dict):
-        raise DataFormatError(path, f"expected an object (ragrl.hostinfo.host_info), got {type(host).__name__}",
-                              field=field)
-    for key in HOST_FIELDS:
-        if host.get(key) is not None and not isinstance(host[key], str):
-            raise DataFormatError(path, f"expected a string or null, got {host[key]!r}", field=f"{field}.{key}")
+    check_host(path, host, field)
     return (*(host.get(k) for k in HOST_FIELDS), json.dumps(_nan_to_none(host), sort_keys=True, ensure_ascii=False))
 
 
 def _read_trained(path: Path, obj: dict) -> list[tuple[Any, ...]]:
     """metrics.json's optional "trained" list (`ragrl.hostinfo.lineage` rows with their model):
     (model, seq, stage, segment, from_step, HOST_FIELDS..., host JSON) per row."""
-    trained = obj.get("trained") or []
+    trained = obj.get("trained")
+    if trained is None:
+        return []
     if not isinstance(trained, list):
         raise DataFormatError(path, f"expected a list, got {type(trained).__name__}", field="trained")
     rows = []
@@ -290,7 +285,8 @@ def _read_trained(path: Path, obj: dict) -> list[tuple[Any, ...]]:
             raise DataFormatError(path, f"expected an object, got {type(row).__name__}", field=where)
         for key, kind in (("model", str), ("stage", str), ("segment", int), ("from_step", int)):
             if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
-                raise DataFormatError(path, f"expected {kind.__name__}, got {row.get(key)!r}", field=f"{where}.{key}")
+                what = "a string" if kind is str else "an integer"
+                raise DataFormatError(path, f"expected {what}, got {row.get(key)!r}", field=f"{where}.{key}")
         rows.append((row["model"], i, row["stage"], row["segment"], row["from_step"],
                      *_read_host(path, row, f"{where}.host")))
     return rows

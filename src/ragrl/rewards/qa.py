@@ -147,6 +147,23 @@ def support_recall(turns: Sequence[TurnRecord], supporting_ids: Sequence[str]) -
     return len(wanted & seen) / len(wanted)
 
 
+def support_gains(turns: Sequence[TurnRecord], supporting_ids: Sequence[str]) -> list[float]:
+    """Per turn, the share of the question's supporting passages that its observation showed
+    first: `support_recall` split over the turns that earned it (they sum to it), so a per-turn
+    advantage credits the search that found a second hop's passage, not the whole episode. A
+    turn that answers, repeats a passage already shown or searches in vain earns 0."""
+    wanted = {str(i) for i in supporting_ids}
+    if not wanted:
+        raise InputError("support_gains needs the question's supporting passage ids (QA column supporting_ids)")
+    seen: set[str] = set()
+    gains = []
+    for turn in turns:
+        new = (wanted & set(turn.retrieved)) - seen
+        seen |= new
+        gains.append(len(new) / len(wanted))
+    return gains
+
+
 def turn_kind(turn: str, require_think: bool = True) -> str | None:
     """The action of a well-formed turn (`<think>…</think>` then one action tag pair), or None.
 

@@ -332,9 +332,10 @@ def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pass
     predictions.parquet and metrics.json, as `ragrl eval` writes them."""
     import pyarrow as pa
 
-    from ragrl.eval.evaluate import PREDICTION_SCHEMA, summarize, write_metrics
+    from ragrl.eval.evaluate import PREDICTION_SCHEMA, summarize, trained_hosts, write_metrics
     from ragrl.io import write_parquet
 
+    trained = trained_hosts([m for m in (getattr(generator, "model", generator), encoder) if m is not None])
     rows = _rows(qa, max_questions)
     world = _world(index_dir, passages)
     env = _env(_policy(world.meta, harr, encoder, trainable=False), world, harr, use_history=use_history,
@@ -343,8 +344,7 @@ def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pass
     predictions = _predictions(engine, env, rows, batch_size, f"harr eval {run_id}/{dataset}")
     metrics = summarize(predictions, run_id, dataset)
     write_parquet(pa.Table.from_pylist(predictions, schema=PREDICTION_SCHEMA), out_dir / "predictions.parquet")
-    models = [m for m in (getattr(generator, "model", generator), encoder) if m is not None]
-    metrics = write_metrics(metrics, out_dir / "metrics.json", models=models)
+    metrics = write_metrics(metrics, out_dir / "metrics.json", trained=trained)
     shown = " ".join(f"{k}={v:.4f}" for k, v in metrics["metrics"].items() if v is not None)
     print(f"[harr] eval {run_id}/{dataset}: n={metrics['n']} {shown}", flush=True)
     return metrics
@@ -357,9 +357,10 @@ def recall_stage(harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, ou
     yet). Written as a metrics.json of dataset `<dataset>_multihop`, so the results database files it."""
     import numpy as np
 
-    from ragrl.eval.evaluate import bootstrap_ci, write_metrics
+    from ragrl.eval.evaluate import bootstrap_ci, trained_hosts, write_metrics
     from ragrl.retrieval.query_state import default_instruction, encoder_input, retrieval_state
 
+    trained = trained_hosts([encoder] if encoder is not None else [])
     rows = [r for r in _rows(qa) if len(set(r.get("supporting_ids") or [])) > 1]
     if not rows:
         raise InputError(f"{qa}: no question with more than one supporting passage; multi-hop recall cannot be measured")
@@ -381,7 +382,7 @@ def recall_stage(harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, ou
     metrics = {k: float(np.mean(v)) for k, v in values.items()}
     report = {"run_id": run_id, "dataset": f"{dataset}_multihop", "n": len(rows), "metrics": metrics,
               "ci95": {k: bootstrap_ci(v) for k, v in values.items()}}
-    report = write_metrics(report, out, models=[encoder] if encoder is not None else [])
+    report = write_metrics(report, out, trained=trained)
     print(f"[harr] recall {run_id}/{dataset}: n={len(rows)} "
           + " ".join(f"{k}={v:.3f}" for k, v in metrics.items()), flush=True)
     return report

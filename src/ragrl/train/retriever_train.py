@@ -116,9 +116,10 @@ def train_retriever(policy: torch.nn.Module, index: Any, rows: Sequence[Mapping[
     # Constant learning rate, as the authors' lr_scheduler_type constant: no scheduler state to resume.
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     done = _resume(out_dir, policy, optimizer)
-    if done < cfg.steps:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        hostinfo.append_segment(out_dir, done)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    segments = hostinfo.append_segment(out_dir, done) if done < cfg.steps else hostinfo.read_segments(out_dir)
+    # The index's encoder it starts from is a hub or packaged model: no record to chain.
+    record = hostinfo.training_record("harr", segments)
     log = out_dir / "train_log.jsonl"
     lines = _log_lines_upto(log, done)  # steps after the checkpoint are made again
     for step in progress(range(done + 1, cfg.steps + 1), desc="HARR retriever GRPO", total=cfg.steps - done,
@@ -136,6 +137,6 @@ def train_retriever(policy: torch.nn.Module, index: Any, rows: Sequence[Mapping[
         save_merged = getattr(policy, "save_merged", None)
         if save_merged is not None:
             save_merged(tmp / "encoder")
-            hostinfo.write_record(tmp / "encoder", hostinfo.training_record("harr", hostinfo.read_segments(out_dir)))
+            hostinfo.write_record(tmp / "encoder", record)
         write_json({"finished": True, "step": cfg.steps, "config": asdict(cfg)}, tmp / STATE)
     return final

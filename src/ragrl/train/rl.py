@@ -219,12 +219,19 @@ def critic_record(sums: dict[str, float]) -> dict[str, float | None]:
     }
 
 
-def tied_samples(rewards: Sequence[float], groups: Sequence[int]) -> list[bool]:
-    """Per sample: does every sample of its group have the same reward (a zero-advantage group)?"""
+def tied_samples(rewards: Sequence[float], groups: Sequence[int],
+                 turn_rewards: Sequence[Sequence[float] | None] | None = None) -> list[bool]:
+    """Per sample: is its group without any signal, every sample's reward the same and, with
+    `turn_rewards` (the turn term on), every turn reward of the group the same as well? A group
+    whose answers all fail can still tell a search that found the second hop from one that did
+    not, and its turn advantages are not zero."""
     by_group: dict[int, set[float]] = {}
-    for r, g in zip(rewards, groups):
+    turns_by_group: dict[int, set[float]] = {}
+    for i, (r, g) in enumerate(zip(rewards, groups)):
         by_group.setdefault(g, set()).add(float(r))
-    return [len(by_group[g]) == 1 for g in groups]
+        turns = (turn_rewards[i] if turn_rewards is not None else None) or ()
+        turns_by_group.setdefault(g, set()).update(float(t) for t in turns)
+    return [len(by_group[g]) == 1 and len(turns_by_group[g]) <= 1 for g in groups]
 
 
 def step_record(step: int, sums: dict[str, float], extra: dict[str, Any]) -> dict[str, Any]:
@@ -623,10 +630,12 @@ def train_rl(
             changed = config_changes(state.get("config", {}), cfg)
             if changed:
                 print(f"[rl] warning: config differs from the checkpoint's in {changed}", file=sys.stderr, flush=True)
+    record = None  # the hosts that trained it, written with final/ (main process only)
     if is_main:
         ckpt.truncate_log(log_path, log_offset)
-        if start_step < cfg.steps:
-            hostinfo.append_segment(out_dir, start_step)
+        segments = (hostinfo.append_segment(out_dir, start_step) if start_step < cfg.steps
+                    else hostinfo.read_segments(out_dir))
+        record = hostinfo.training_record("rl", segments, hostinfo.read_record(policy_dir))
     accelerator.wait_for_everyone()
 
     for step in range(start_step + 1, cfg.steps + 1):
@@ -648,7 +657,6 @@ def train_rl(
             )
 
     # Also reached with no step left to run: a run killed while writing `final` only redoes that.
-    record = hostinfo.training_record("rl", hostinfo.read_segments(out_dir), policy_dir) if is_main else None
     final = ckpt.save_final(accelerator, model, out_dir, policy_dir, {"step": cfg.steps, "config": asdict(cfg)},
                             host_record=record)
     accelerator.wait_for_everyone()
@@ -707,7 +715,8 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     }
     if not from_update:
         sums.update(logged_kl_entropy(kl, entropy, mask))
-    tied = tied_samples([s.reward for s in samples], [s.group for s in samples])
+    tied = tied_samples([s.reward for s in samples], [s.group for s in samples],
+                        [s.turn_rewards for s in samples] if cfg.turn_advantage_weight else None)
     group_tied = {s.group: t for s, t in zip(samples, tied)}
     sums["groups"] = float(len(group_tied))
     sums["tied_groups"] = float(sum(group_tied.values()))

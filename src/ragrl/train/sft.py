@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import torch
 
 from ragrl.errors import InputError
-from ragrl.hostinfo import segment, training_record, write_record
+from ragrl.hostinfo import read_record, segment, training_record, write_record
 from ragrl.io import atomic_dir
 from ragrl.settings import DEFAULT_LORA_TARGETS, FUSED_LM_HEAD_MIN_VOCAB, SFTArgs  # noqa: F401  (re-exported)
 
@@ -189,12 +189,13 @@ def build_trainer(model_dir: str | Path, data_parquet: str | Path, output_dir: s
 def train_sft(model_dir: str | Path, data_parquet: str | Path, out_dir: str | Path, args: SFTArgs = SFTArgs()) -> Path:
     """Fine-tune `model_dir` on `data_parquet`; write the model (or LoRA adapter) to `out_dir`."""
     out_dir = Path(out_dir)
+    start = read_record(model_dir)  # before training: a malformed record fails the job at once
     with atomic_dir(out_dir) as tmp:
         trainer = build_trainer(model_dir, data_parquet, tmp / "_trainer", args)
         result = trainer.train()
         _save(trainer, tmp)
         _write_log(trainer.state.log_history, tmp / "sft_log.jsonl")
-        write_record(tmp, training_record("sft", [segment(0)], model_dir))
+        write_record(tmp, training_record("sft", [segment(0)], start))
         _remove_tree(tmp / "_trainer")
         print(f"[sft] done: {trainer.state.global_step} steps, train loss {result.training_loss:.4f}, "
               f"saved {'LoRA adapter' if args.lora else 'model'} to {out_dir}", file=sys.stderr, flush=True)
