@@ -7,8 +7,8 @@ lets a reader tell "another host" from "another code". `host_info` describes the
 process. A trained model describes the hosts that trained it in its `host.json` (`RECORD`): one
 segment per start of its training (a job resumed on another node adds one), and the record of
 the model it started from, so an RL checkpoint names the hosts of its RL, its SFT and its
-pretraining; `lineage` flattens that chain for the results database. Standard library and
-`ragrl.errors` only; torch is described when the process has it imported.
+pretraining; `lineage` flattens that chain for the results database. No third-party import
+(`ragrl.io` and `ragrl.errors` only); torch is described when the process has it imported.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import os
 import platform
 import sys
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from ragrl.errors import DataFormatError
+from ragrl.io import write_json, write_text
 
 # Settings that change which kernels torch, MKL and oneDNN run, hence the rounding.
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
@@ -87,7 +89,7 @@ def training_record(stage: str, segments: list[dict[str, Any]], start: dict | No
 
 
 def write_record(model_dir: str | os.PathLike, record: dict) -> None:
-    Path(model_dir, RECORD).write_text(json.dumps(record, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    write_json(record, Path(model_dir, RECORD))
 
 
 def read_record(model_dir: str | os.PathLike) -> dict | None:
@@ -172,15 +174,16 @@ def append_segment(work_dir: str | os.PathLike, from_step: int) -> list[dict[str
     is dropped with its steps, as the training log is cut back to the checkpoint; a run killed on
     one node and resumed on another names both. Rewritten whole and replaced atomically, so a
     kill never leaves half a line."""
-    path = Path(work_dir, SEGMENTS)
     kept = [s for s in read_segments(work_dir) if s["from_step"] < from_step] + [segment(from_step)]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("".join(json.dumps(s, sort_keys=True) + "\n" for s in kept))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_text("".join(json.dumps(s, sort_keys=True) + "\n" for s in kept), Path(work_dir, SEGMENTS))
     return kept
+
+
+def training_segments(work_dir: str | os.PathLike, from_step: int, steps: int) -> list[dict[str, Any]]:
+    """The segments of a resumable training of `steps` steps entering at `from_step`: a start
+    when steps are left to run; a re-entry with none left (a finished run, a kill while writing
+    the final model) adds none."""
+    return append_segment(work_dir, from_step) if from_step < steps else read_segments(work_dir)
 
 
 def lineage(record: dict | None) -> list[dict[str, Any]]:
@@ -196,3 +199,20 @@ def lineage(record: dict | None) -> list[dict[str, Any]]:
             host = {k: v for k, v in s.items() if k != "from_step"}
             rows.append({"stage": rec["stage"], "segment": i, "from_step": s["from_step"], "host": host})
     return rows
+
+
+def trained_hosts(models: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """The hosts that trained each of `models` (model directories), its pretraining first:
+    `lineage` rows with their "model"; a hub id or a model without a record adds none."""
+    return [{"model": str(m), **row} for m in models for row in lineage(read_record(m))]
+
+
+def check_trained_row(path: str | os.PathLike, row: Any, field: str) -> None:
+    """One `trained_hosts` row as a metrics.json carries it."""
+    if not isinstance(row, dict):
+        raise DataFormatError(path, f"expected an object, got {type(row).__name__}", field=field)
+    for key in ("model", "stage", "segment", "from_step"):
+        ok = isinstance(row.get(key), str) if key in ("model", "stage") else _is_int(row.get(key))
+        if not ok:
+            what = "a string" if key in ("model", "stage") else "an integer"
+            raise DataFormatError(path, f"expected {what}, got {row.get(key)!r}", field=f"{field}.{key}")

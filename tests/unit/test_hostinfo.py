@@ -150,7 +150,8 @@ def test_a_malformed_record_names_its_field(tmp_path, text, field):
 def test_metrics_name_the_training_hosts_and_the_database_files_them(tmp_path):
     import torch  # noqa: F401  (the segments then name torch, as a training process's do)
 
-    from ragrl.eval.evaluate import summarize, trained_hosts, write_metrics
+    from ragrl.eval.evaluate import summarize, write_metrics
+    from ragrl.hostinfo import trained_hosts
 
     rl = _model(tmp_path, "rl", "rl", [0, 2], start=_model(tmp_path, "sft", "sft", [0]))
     metrics = summarize([{"em": 1.0, "f1": 1.0, "cover_em": 1.0, "format": 1.0, "turns": 1, "searches": 1}],

@@ -40,7 +40,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ragrl.errors import InputError
-from ragrl.hostinfo import host_info, lineage, read_record
+from ragrl.hostinfo import host_info, trained_hosts
 from ragrl.io import read_columns, write_json, write_parquet
 from ragrl.agent.protocol import recorded_turns
 from ragrl.rewards.qa import cover_exact_match, exact_match, f1, turns_format_reward
@@ -111,15 +111,9 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     return metrics
 
 
-def trained_hosts(models: Sequence[str | Path]) -> list[dict]:
-    """The hosts that trained the evaluated model directories, each one's pretraining first
-    (`ragrl.hostinfo.lineage` rows with their "model"; a hub id or a model without a record adds none)."""
-    return [{"model": str(m), **row} for m in models for row in lineage(read_record(m))]
-
-
 def write_metrics(metrics: dict, path: str | Path, trained: Sequence[dict] = ()) -> dict:
-    """Write a metrics.json with the host that computed it and `trained` (`trained_hosts` of the
-    evaluated models), and return what was written: results of one commit differ by float
+    """Write a metrics.json with the host that computed it and `trained` (`ragrl.hostinfo.trained_hosts`
+    of the evaluated models), and return what was written: results of one commit differ by float
     rounding between CPU kinds and torch builds, and the database shows which host gave which."""
     written = {**metrics, "host": host_info(), "trained": list(trained)}
     write_json(written, path)

@@ -55,6 +55,13 @@ class Score:
     components: Mapping[str, float] = field(default_factory=dict)
 
 
+def token_turns(turn_values: Sequence[float], trajectory: Any) -> list[float]:
+    """Per-turn values (one per turn record, i.e. per generation call) cut to the calls that
+    produced tokens: a last call that generated nothing has a record but no tokens, and its value
+    would reach no token yet move the group's turn-reward mean and std."""
+    return list(turn_values[: max(trajectory.turn_index, default=-1) + 1])
+
+
 # The hooks' signatures. Every caller passes a hook's arguments by position, so the parameters are
 # positional-only: mypy checks a plug-in's arity and annotated types against them, not its
 # parameter names. `recipe` is a parsed `ragrl.recipe.Recipe`; `row` a QA row as a dict (id,

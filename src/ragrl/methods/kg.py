@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragrl.errors import InputError
-from ragrl.methods import Method, Score
+from ragrl.methods import Method, Score, token_turns
 
 REWARD_KEYS = ("f1", "hits1", "retrieval", "format")
 TURN_REWARD_KEYS = ("format", "query", "answer")
@@ -59,10 +59,7 @@ def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:
 
     r = kg_rewards(recorded_turns(trajectory), row_golds(row), trajectory.answer,
                    recipe.turn_reward or DEFAULT_TURN_WEIGHTS, recipe.reward)
-    # One record per generation call; a last call that generated nothing (and got no observation)
-    # has a record but no tokens: its reward would reach no token, yet would move the group's
-    # turn-reward mean and std, so it is left out.
-    turn_rewards = r.turn_rewards[: max(trajectory.turn_index, default=-1) + 1]
+    turn_rewards = token_turns(r.turn_rewards, trajectory)
     mean_turn = sum(turn_rewards) / len(turn_rewards) if turn_rewards else 0.0
     return Score(r.global_reward, turn_rewards, {"turn_mean": mean_turn, **r.global_components})
 

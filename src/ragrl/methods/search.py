@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ragrl.errors import InputError
-from ragrl.methods import Method, Score
+from ragrl.methods import Method, Score, token_turns
 
 REWARD_KEYS = ("em", "f1", "cover_em", "format", "retrieval")
 # Per-turn reward (`turn_reward: {retrieval: w}` with `rl.turn_advantage_weight`): each turn's share
@@ -74,9 +74,7 @@ def turn_rewards(recipe, trajectory, row: Mapping[str, Any]) -> list[float] | No
     weight = float(recipe.turn_reward.get("retrieval", 0.0)) if recipe.turn_reward else 0.0
     if not weight:
         return None
-    gains = support_gains(recorded_turns(trajectory), _supporting(row))
-    # A last call that generated nothing has a record but no tokens: left out, as KG-R1's are.
-    return [weight * g for g in gains[: max(trajectory.turn_index, default=-1) + 1]]
+    return [weight * g for g in token_turns(support_gains(recorded_turns(trajectory), _supporting(row)), trajectory)]
 
 
 def score(recipe, trajectory, row: Mapping[str, Any]) -> Score:

@@ -92,7 +92,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragrl.errors import DataFormatError, InputError
-from ragrl.hostinfo import HOST_FIELDS, check_host
+from ragrl.hostinfo import HOST_FIELDS, check_host, check_trained_row
 from ragrl.results import paired
 from ragrl.results.query import one_line, quote_ident, sql_literal
 from ragrl.results.tables import TableSpec, check_spec, normalize_spec, table_sql
@@ -281,12 +281,7 @@ def _read_trained(path: Path, obj: dict) -> list[tuple[Any, ...]]:
     rows = []
     for i, row in enumerate(trained):
         where = f"trained[{i}]"
-        if not isinstance(row, dict):
-            raise DataFormatError(path, f"expected an object, got {type(row).__name__}", field=where)
-        for key, kind in (("model", str), ("stage", str), ("segment", int), ("from_step", int)):
-            if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
-                what = "a string" if kind is str else "an integer"
-                raise DataFormatError(path, f"expected {what}, got {row.get(key)!r}", field=f"{where}.{key}")
+        check_trained_row(path, row, where)
         rows.append((row["model"], i, row["stage"], row["segment"], row["from_step"],
                      *_read_host(path, row, f"{where}.host")))
     return rows

@@ -332,7 +332,8 @@ def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pass
     predictions.parquet and metrics.json, as `ragrl eval` writes them."""
     import pyarrow as pa
 
-    from ragrl.eval.evaluate import PREDICTION_SCHEMA, summarize, trained_hosts, write_metrics
+    from ragrl.eval.evaluate import PREDICTION_SCHEMA, summarize, write_metrics
+    from ragrl.hostinfo import trained_hosts
     from ragrl.io import write_parquet
 
     trained = trained_hosts([m for m in (getattr(generator, "model", generator), encoder) if m is not None])
@@ -357,7 +358,8 @@ def recall_stage(harr: HarrRecipe, qa: Path, index_dir: Path, passages: Path, ou
     yet). Written as a metrics.json of dataset `<dataset>_multihop`, so the results database files it."""
     import numpy as np
 
-    from ragrl.eval.evaluate import bootstrap_ci, trained_hosts, write_metrics
+    from ragrl.eval.evaluate import bootstrap_ci, write_metrics
+    from ragrl.hostinfo import trained_hosts
     from ragrl.retrieval.query_state import default_instruction, encoder_input, retrieval_state
 
     trained = trained_hosts([encoder] if encoder is not None else [])

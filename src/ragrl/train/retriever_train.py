@@ -116,8 +116,7 @@ def train_retriever(policy: torch.nn.Module, index: Any, rows: Sequence[Mapping[
     # Constant learning rate, as the authors' lr_scheduler_type constant: no scheduler state to resume.
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     done = _resume(out_dir, policy, optimizer)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    segments = hostinfo.append_segment(out_dir, done) if done < cfg.steps else hostinfo.read_segments(out_dir)
+    segments = hostinfo.training_segments(out_dir, done, cfg.steps)
     # The index's encoder it starts from is a hub or packaged model: no record to chain.
     record = hostinfo.training_record("harr", segments)
     log = out_dir / "train_log.jsonl"

@@ -633,8 +633,7 @@ def train_rl(
     record = None  # the hosts that trained it, written with final/ (main process only)
     if is_main:
         ckpt.truncate_log(log_path, log_offset)
-        segments = (hostinfo.append_segment(out_dir, start_step) if start_step < cfg.steps
-                    else hostinfo.read_segments(out_dir))
+        segments = hostinfo.training_segments(out_dir, start_step, cfg.steps)
         record = hostinfo.training_record("rl", segments, hostinfo.read_record(policy_dir))
     accelerator.wait_for_everyone()
 
