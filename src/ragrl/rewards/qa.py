@@ -134,34 +134,37 @@ def turns_format_reward(turns: Sequence[TurnRecord], tools: str | Sequence[str] 
     return 1.0
 
 
-def support_recall(turns: Sequence[TurnRecord], supporting_ids: Sequence[str]) -> float:
-    """Share of the question's supporting passages that the environment showed the policy over
-    the episode (the turn record's `retrieved` ids): a process reward for searching what the
-    answer needs, e.g. a multi-hop question's second hop, read from what the environment
-    returned and never from the policy's text. Extra searches earn nothing once every supporting
-    passage is found, so padding a response with searches does not pay."""
+def _first_shown(turns: Sequence[TurnRecord], supporting_ids: Sequence[str], reward: str) -> tuple[list[int], int]:
+    """Per turn, how many of the question's supporting passages its observation showed first, and
+    how many there are (the turn record's `retrieved` ids, never the policy's text)."""
     wanted = {str(i) for i in supporting_ids}
     if not wanted:
-        raise InputError("support_recall needs the question's supporting passage ids (QA column supporting_ids)")
-    seen = {pid for turn in turns for pid in turn.retrieved}
-    return len(wanted & seen) / len(wanted)
+        raise InputError(f"{reward} needs the question's supporting passage ids (QA column supporting_ids)")
+    seen: set[str] = set()
+    counts = []
+    for turn in turns:
+        new = (wanted & set(turn.retrieved)) - seen
+        seen |= new
+        counts.append(len(new))
+    return counts, len(wanted)
+
+
+def support_recall(turns: Sequence[TurnRecord], supporting_ids: Sequence[str]) -> float:
+    """Share of the question's supporting passages that the environment showed the policy over
+    the episode: a process reward for searching what the answer needs, e.g. a multi-hop
+    question's second hop. Extra searches earn nothing once every supporting passage is found, so
+    padding a response with searches does not pay."""
+    counts, wanted = _first_shown(turns, supporting_ids, "support_recall")
+    return sum(counts) / wanted
 
 
 def support_gains(turns: Sequence[TurnRecord], supporting_ids: Sequence[str]) -> list[float]:
     """Per turn, the share of the question's supporting passages that its observation showed
-    first: `support_recall` split over the turns that earned it (they sum to it), so a per-turn
-    advantage credits the search that found a second hop's passage, not the whole episode. A
-    turn that answers, repeats a passage already shown or searches in vain earns 0."""
-    wanted = {str(i) for i in supporting_ids}
-    if not wanted:
-        raise InputError("support_gains needs the question's supporting passage ids (QA column supporting_ids)")
-    seen: set[str] = set()
-    gains = []
-    for turn in turns:
-        new = (wanted & set(turn.retrieved)) - seen
-        seen |= new
-        gains.append(len(new) / len(wanted))
-    return gains
+    first: `support_recall` split over the turns that earned it, so a per-turn advantage credits
+    the search that found a second hop's passage, not the whole episode. A turn that answers,
+    repeats a passage already shown or searches in vain earns 0."""
+    counts, wanted = _first_shown(turns, supporting_ids, "support_gains")
+    return [count / wanted for count in counts]
 
 
 def turn_kind(turn: str, require_think: bool = True) -> str | None:
