@@ -26,6 +26,17 @@ gold SFT trajectories: at the point after the first observation where the gold t
 "Next I need to find out" or closes with "So the answer is" (`ragrl.toy.gold`), the probability of
 going on (of the two first tokens), by question type. Greedy decoding goes on where it is above 0.5.
 
+With --from-logs: the same for any agent method (kg_r1 included), from the run's own logged
+commands instead (the first line of logs/rl/<method>.log, logs/merge/<method>_rl.log and
+logs/eval/<method>_rl.log: `--recipe` patched by each --set, outputs moved to OUT/<name>), the RL
+evaluated on every dataset the run evaluated it on and paired with the run's SFT on each.
+
+With --sampled K: what RL optimises, on held-out questions. The run's SFT and RL models (and each
+--extra NAME=DIR, e.g. OUT/<name>/merged) evaluated K times with the run's logged evaluation
+command at the recipe's rollout temperature (`ragrl eval --temperature recipe --seed k`, k = 0..K-1),
+each question's EM averaged over its K samples, each model paired with the SFT per dataset. Greedy
+EM (the tables') can stay level while the sampled policy RL trains improves, or the other way.
+
 With --diagnose: G sampled rollouts per training question with the SFT model at the recipe's
 temperature, and per question type the success rate (EM), the share of rollouts by number of
 searches with each one's success rate, and how many groups hold any success or tie. This is what
@@ -38,6 +49,7 @@ import argparse
 import collections
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +105,7 @@ def paired_summary(sft: Path, rl: Path, metric: str = "em") -> dict:
     if a["id"].to_list() != b["id"].to_list():
         raise SystemExit(f"{sft} and {rl} hold different questions: not a paired comparison")
     out = {}
-    for label in ["all", *sorted(set(a["question_type"].to_list()))]:
+    for label in ["all", *sorted(set(a["question_type"].to_list()) - {None, ""})]:  # KGQA rows have no type
         mask = pl.lit(True) if label == "all" else pl.col("question_type") == label
         x, y = a.filter(mask), b.filter(mask)
         diff, low, high = paired_bootstrap(y[metric].to_list(), x[metric].to_list())
@@ -239,6 +251,109 @@ def diagnose(args, recipe: dict, results: Path) -> None:
         print(json.dumps(row))
 
 
+def logged_command(log: Path) -> list[str]:
+    """The `ragrl` arguments a job's log starts with (`$ ragrl <cmd> ...`, ragrl.cli.main)."""
+    line = log.read_text().splitlines()[0] if log.exists() else ""
+    if not line.startswith("$ ragrl "):
+        raise SystemExit(f"{log}: expected the job's command as its first line ('$ ragrl ...')")
+    return shlex.split(line[2:])[1:]
+
+
+def with_option(argv: list[str], key: str, value: str) -> list[str]:
+    out = list(argv)
+    if key not in out:
+        raise SystemExit(f"{key} not in the logged command {' '.join(argv[:2])} ...")
+    out[out.index(key) + 1] = value
+    return out
+
+
+def paired_datasets(sft_eval: Path, rl_eval: Path, metric: str) -> dict:
+    return {ds.name: paired_summary(sft_eval / ds.name / "predictions.parquet", ds / "predictions.parquet", metric)
+            for ds in sorted(rl_eval.iterdir()) if (ds / "predictions.parquet").exists()}
+
+
+def from_logs(args, results: Path, out: Path) -> None:
+    work_tree, logs, py = results.parent, results.parent / "logs", sys.executable
+    out.mkdir(parents=True, exist_ok=True)
+    rl = logged_command(logs / f"rl/{args.method}.log")
+    recipe = apply_sets(json.loads(rl[rl.index("--recipe") + 1]), args.set)
+    rl = with_option(with_option(with_option(rl, "--recipe", json.dumps(recipe)), "--out", str(out / "work")),
+                     "--log-out", str(out / "train_log.jsonl"))
+    run([py, "-m", "ragrl", *rl], out / "rl.log", work_tree)
+    merge = with_option(with_option(logged_command(logs / f"merge/{args.method}_rl.log"), "--adapter",
+                                    str(out / "work/final")), "--out", str(out / "merged"))
+    run([py, "-m", "ragrl", *merge], out / "merge.log", work_tree)
+    ev = logged_command(logs / f"eval/{args.method}_rl.log")
+    ev = with_option(with_option(with_option(ev, "--model", str(out / "merged")), "--out", str(out / "eval")),
+                     "--run-id", args.name)
+    run([py, "-m", "ragrl", *ev], out / "eval.log", work_tree)
+    summary = {"name": args.name, "method": args.method, "sets": args.set,
+               "datasets": paired_datasets(results / f"eval/{args.method}_sft", out / "eval", args.metric),
+               "train": train_summary(out / "train_log.jsonl")}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    for dataset, rows in summary["datasets"].items():
+        print(dataset)
+        print_rows(rows, "  ")
+    t = summary["train"]
+    print(f"train reward {t['reward_first_quarter']:.3f} -> {t['reward_last_quarter']:.3f} over {t['steps']} steps, "
+          f"final kl {t['final_kl']}, {t['step_time_s']:.1f} s/step")
+
+
+def sampled(args, results: Path, out: Path) -> None:
+    import polars as pl
+
+    from ragrl.results.paired import paired_bootstrap
+
+    work_tree, logs = results.parent, results.parent / "logs"
+    models = {"sft": None, "rl": None}
+    for item in args.extra:
+        name, sep, path = item.partition("=")
+        if not sep or name in models:
+            raise SystemExit(f"--extra {item!r}: expected a new NAME=DIR")
+        models[name] = str(Path(path).resolve())
+    out.mkdir(parents=True, exist_ok=True)
+    per_question: dict[tuple[str, str], pl.DataFrame] = {}
+    for name, model in models.items():
+        ev = logged_command(logs / f"eval/{args.method}_{'rl' if model else name}.log")
+        if model:
+            ev = with_option(with_option(ev, "--model", model), "--run-id", name)
+        frames: dict[str, list] = collections.defaultdict(list)
+        for k in range(args.sampled):
+            dest = out / f"{name}/seed{k}"
+            if not dest.exists():  # a re-run with more --extra models reuses the passes made
+                run([sys.executable, "-m", "ragrl", *with_option(ev, "--out", str(dest)), "--temperature", "recipe",
+                     "--seed", str(k)], out / f"{name}_seed{k}.log", work_tree)
+            for ds in sorted(d for d in dest.iterdir() if d.is_dir()):
+                frames[ds.name].append(pl.read_parquet(ds / "predictions.parquet",
+                                                       columns=["id", "question_type", args.metric, "searches"]))
+        for ds, dfs in frames.items():
+            per_question[(name, ds)] = (pl.concat(dfs).group_by("id")
+                                        .agg(pl.col("question_type").first(), pl.col(args.metric).mean(),
+                                             pl.col("searches").mean()).sort("id"))
+    summary: dict = {"method": args.method, "samples": args.sampled, "metric": args.metric, "models": models,
+                     "datasets": {}}
+    for (name, ds), y in sorted(per_question.items()):
+        x = per_question.get(("sft", ds))
+        if name == "sft" or x is None:
+            continue
+        if x["id"].to_list() != y["id"].to_list():
+            raise SystemExit(f"{name} and sft hold different questions on {ds}: not a paired comparison")
+        rows = {}
+        for label in ["all", *sorted(set(x["question_type"].to_list()) - {None, ""})]:
+            mask = pl.lit(True) if label == "all" else pl.col("question_type") == label
+            a, b = x.filter(mask), y.filter(mask)
+            diff, low, high = paired_bootstrap(b[args.metric].to_list(), a[args.metric].to_list())
+            rows[label] = {"n": len(a), "sft": a[args.metric].mean(), name: b[args.metric].mean(),
+                           "diff": {"diff": diff, "low": low, "high": high},
+                           "searches": [a["searches"].mean(), b["searches"].mean()]}
+            print(f"{ds:24s} {name:10s} {label:11s} n={len(a):3d} sampled {args.metric} x{args.sampled}: "
+                  f"sft {a[args.metric].mean():.3f} -> {b[args.metric].mean():.3f} "
+                  f"diff {diff:+.3f} [{low:+.3f}, {high:+.3f}] searches {a['searches'].mean():.2f} -> "
+                  f"{b['searches'].mean():.2f}")
+        summary["datasets"].setdefault(ds, {})[name] = rows
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
 def decision(args, results: Path) -> None:
     import polars as pl
     import torch
@@ -291,6 +406,11 @@ def main() -> None:
     p.add_argument("--decision", action="store_true",
                    help="teacher-forced P(another search) after the first observation, by question type")
     p.add_argument("--model", type=Path, help="--decision: this model instead of the run's SFT model")
+    p.add_argument("--from-logs", action="store_true",
+                   help="RL, merge and evaluation from the run's logged commands (any agent method, e.g. kg_r1)")
+    p.add_argument("--sampled", type=int, metavar="K",
+                   help="evaluate SFT, RL and each --extra K times at the rollout temperature, paired on the means")
+    p.add_argument("--extra", action="append", default=[], metavar="NAME=DIR", help="--sampled: another model")
     p.add_argument("--questions", type=int, default=48)
     p.add_argument("--group", type=int, default=8)
     args = p.parse_args()
@@ -298,8 +418,12 @@ def main() -> None:
     not_sft = [item for item in args.sft_set if not item.startswith("sft.")]
     if not_sft:
         raise SystemExit(f"--sft-set {not_sft[0]!r}: only sft.* keys train a new start; give the others with --set")
-    recipe = recipe_with(args.method, args.set + args.sft_set)
     results = args.results.resolve()
+    if args.sampled:
+        return sampled(args, results, (args.out / f"{args.name}_sampled").resolve())
+    if args.from_logs:
+        return from_logs(args, results, (args.out / args.name).resolve())
+    recipe = recipe_with(args.method, args.set + args.sft_set)
     if args.decision:
         decision(args, results)
     elif args.diagnose:

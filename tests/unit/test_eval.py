@@ -225,3 +225,37 @@ def test_cli_evaluates_every_dataset_of_a_run_in_one_call(tiny, tmp_path, capsys
     assert main([*common, "--dataset", "a", "--dataset", "b", "--qa", str(qa_a), "--out", str(tmp_path / "bad")]) == 2
     assert "--qa given 1 times for 2 --dataset (a, b)" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_cli_samples_at_a_temperature_reproducibly_from_a_seed(tiny, tmp_path, capsys):
+    """`ragrl eval --temperature T --seed S`: the same seed gives the same responses, another seed
+    other ones, greedy (the default) is recorded as such, and metrics.json names the decoding so a
+    sampled run is never read as a greedy one. A bad temperature is refused before anything is
+    written."""
+    from ragrl.cli import main
+
+    qa = tiny.root / "world" / "qa" / "test.parquet"
+    recipe = json.dumps({"env": "search", "retriever": "bm25", "topk": 2,
+                         "rollout": {"max_turns": 1, "max_turn_tokens": 24, "max_obs_tokens": 64, "temperature": 1.5}})
+    common = ["eval", "--recipe", recipe, "--bm25", str(tiny.root / "bm25"), "--model", str(tiny.model_dir),
+              "--run-id", "r", "--batch-size", "4", "--max-questions", "6", "--dataset", "t", "--qa", str(qa)]
+    runs = {}
+    for name, extra in {"greedy": [], "s0": ["--temperature", "1.5", "--seed", "0"],
+                        "s0_again": ["--temperature", "1.5", "--seed", "0"], "s1": ["--temperature", "1.5", "--seed", "1"],
+                        "recipe": ["--temperature", "recipe", "--seed", "1"]}.items():
+        assert main([*common, *extra, "--out", str(tmp_path / name)]) == 0
+        table, metrics = _read(tmp_path / name / "t")
+        runs[name] = (table.column("response").to_pylist(), metrics["decoding"])
+    assert runs["greedy"][1] == {"temperature": 0.0, "seed": None}
+    assert runs["s0"][1] == {"temperature": 1.5, "seed": 0}
+    assert runs["recipe"][1] == {"temperature": 1.5, "seed": 1}  # the recipe's rollout temperature
+    assert runs["s0"][0] == runs["s0_again"][0]
+    assert runs["s1"][0] == runs["recipe"][0]
+    assert runs["s0"][0] != runs["s1"][0]
+    assert runs["s0"][0] != runs["greedy"][0]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*common, "--temperature", "-1", "--out", str(tmp_path / "bad")])
+    assert exit_info.value.code == 2
+    assert "argument --temperature: must be >= 0, got '-1'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -87,9 +87,22 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from ragrl.stages import agent
 
     results = agent.evaluate_run(load_recipe(args), args.model, _eval_datasets(args), args.out, run_id=args.run_id,
-                                 max_questions=args.max_questions or None, batch_size=args.batch_size)
+                                 max_questions=args.max_questions or None, batch_size=args.batch_size,
+                                 temperature=args.temperature, seed=args.seed)
     for dataset, metrics in results.items():
         print(f"{args.run_id} on {dataset}: {metrics['metrics']}")
+
+
+def _temperature(text: str) -> float | None:
+    if text == "recipe":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'recipe', got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
 
 
 def _recipe_args(p: argparse.ArgumentParser, retriever: bool = True, per_dataset: bool = False) -> None:
@@ -159,4 +172,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="oracle retrieval: every query gets its question's supporting passages (from --passages)")
     p.add_argument("--ranking", type=Path,
                    help="ranking.parquet (id, passage_ids): every query gets its question's ranked passages")
+    # Greedy is what the workflow's tables report; sampling at the training temperature, several
+    # seeds, measures what RL optimises (scripts/rl_ablation.py --sampled).
+    p.add_argument("--temperature", type=_temperature, default=0.0,
+                   help="0 (default): greedy; > 0: sample at this temperature; 'recipe': the recipe's rollout temperature")
+    p.add_argument("--seed", type=int, help="sampling seed (default: the recipe's rollout seed)")
     p.set_defaults(func=_cmd_eval)

@@ -20,7 +20,9 @@ Outputs (both written atomically, in `out_dir`):
 
 Decoding is greedy by default: `temperature=0.0` overrides the rollout config's (pass
 `temperature=None` to sample with the config's own); one sample per question whatever
-`rollout_cfg.n` says.
+`rollout_cfg.n` says. A sampled evaluation is reproducible from `seed` (each turn's draw is
+seeded from it, as an RL step's rollouts are), and metrics.json records the decoding under
+"decoding" ({"temperature", "seed"}), so a sampled run is never read as a greedy one.
 
 The environment is given ready-made (a method builds it: `ragrl.methods`); the format reward
 checks each turn against that environment's own tool actions.
@@ -70,7 +72,8 @@ PREDICTION_SCHEMA = pa.schema([
 
 def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir: str | Path, *, run_id: str,
              dataset: str, rollout_cfg=None, batch_size: int = 32, max_questions: int | None = None,
-             temperature: float | None = 0.0, device: str = "cpu", dtype: str = "auto", generator=None,
+             temperature: float | None = 0.0, seed: int | None = None, device: str = "cpu", dtype: str = "auto",
+             generator=None,
              tokenizer=None, extra_metrics: Callable[[dict, Any], dict] | None = None,
              extra_columns: Sequence[str] = (), group_of: Callable[[dict], str | None] | None = None,
              make_engine: Callable[..., Any] | None = None, row_columns: Sequence[str] = ()) -> dict:
@@ -92,6 +95,8 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     cfg = rollout_cfg if rollout_cfg is not None else RolloutConfig()
     if temperature is not None:
         cfg = dataclasses.replace(cfg, temperature=temperature)
+    if seed is not None:
+        cfg = dataclasses.replace(cfg, seed=seed)
     generator, tokenizer = _policy(model_dir, generator, tokenizer, device, dtype)
     trained = trained_hosts([model_dir] if model_dir is not None else [])  # before the rollouts: fails fast
     desc = f"eval {run_id}/{dataset}"
@@ -101,7 +106,8 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
 
     rows = _read_questions(qa_parquet, max_questions, row_columns)
     predictions = run_predictions(engine, rows, batch_size, desc=desc, extra_metrics=extra_metrics, group_of=group_of)
-    metrics = summarize(predictions, run_id, dataset, extra_columns)
+    metrics = {**summarize(predictions, run_id, dataset, extra_columns),
+               "decoding": {"temperature": cfg.temperature, "seed": cfg.seed if cfg.temperature > 0 else None}}
     out_dir = Path(out_dir)
     schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in extra_columns)])
     write_parquet(pa.Table.from_pylist(predictions, schema=schema), out_dir / "predictions.parquet")

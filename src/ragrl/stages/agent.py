@@ -158,7 +158,7 @@ def rl(recipe: Recipe, qa: Path, policy: Path, backends: Mapping[str, Any], out_
 
 def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any], out_dir: Path, *, run_id: str,
              dataset: str, max_questions: int | None = None, batch_size: int = 32, generator=None,
-             tokenizer=None) -> dict:
+             tokenizer=None, temperature: float | None = 0.0, seed: int | None = None) -> dict:
     from ragrl.eval.evaluate import evaluate as run_eval
 
     method = recipe.method
@@ -169,14 +169,16 @@ def evaluate(recipe: Recipe, model: Path, qa: Path, backends: Mapping[str, Any],
                     rollout_cfg=cfg, batch_size=batch_size, max_questions=max_questions,
                     extra_metrics=extra, extra_columns=method.eval_metric_columns, group_of=group,
                     generator=generator, tokenizer=tokenizer, make_engine=method.make_engine,
-                    row_columns=method.row_columns)
+                    row_columns=method.row_columns, temperature=temperature, seed=seed)
 
 
 def evaluate_run(recipe: Recipe, model: Path, datasets: Sequence[tuple[str, Path, Mapping[str, Any]]],
                  out_dir: Path, *, run_id: str, max_questions: int | None = None,
-                 batch_size: int = 32, server_log_dir: Path | None = None) -> dict[str, dict]:
+                 batch_size: int = 32, server_log_dir: Path | None = None, temperature: float | None = 0.0,
+                 seed: int | None = None) -> dict[str, dict]:
     """Evaluate one run on each (dataset, qa, backends): `out_dir/<dataset>/` gets its predictions
-    and metrics. The policy is loaded once: one job per run instead of one per (run, dataset)
+    and metrics; greedy unless `temperature` > 0 (None: the recipe's rollout temperature), sampled
+    reproducibly from `seed` (None: the recipe's rollout seed). The policy is loaded once: one job per run instead of one per (run, dataset)
     pays the interpreter, torch and index start-up once (~10 s a job on 2 CPU cores, which was
     most of a toy evaluation; a model load at scale)."""
     from ragrl.eval.evaluate import load_policy
@@ -190,5 +192,5 @@ def evaluate_run(recipe: Recipe, model: Path, datasets: Sequence[tuple[str, Path
     with served_endpoints(recipe, server_log_dir):
         return {name: evaluate(recipe, model, qa, backends, Path(out_dir) / name, run_id=run_id, dataset=name,
                                max_questions=max_questions, batch_size=batch_size, generator=generator,
-                               tokenizer=tokenizer)
+                               tokenizer=tokenizer, temperature=temperature, seed=seed)
                 for name, qa, backends in datasets}
