@@ -99,20 +99,30 @@ def paired_summary(sft: Path, rl: Path, metric: str = "em") -> dict:
     """`rl` against `sft` over the same questions, overall and per question type."""
     import polars as pl
 
+    return paired_frames(pl.read_parquet(sft), pl.read_parquet(rl), metric, f"{sft} and {rl}")
+
+
+def paired_frames(a, b, metric: str, what: str) -> dict:
+    """Per-question rows `b` against `a` (id, question_type, the metric, searches, and queries
+    where there are some), overall and per question type."""
+    import polars as pl
+
     from ragrl.results.paired import paired_bootstrap
 
-    a, b = pl.read_parquet(sft).sort("id"), pl.read_parquet(rl).sort("id")
+    a, b = a.sort("id"), b.sort("id")
     if a["id"].to_list() != b["id"].to_list():
-        raise SystemExit(f"{sft} and {rl} hold different questions: not a paired comparison")
+        raise SystemExit(f"{what} hold different questions: not a paired comparison")
     out = {}
     for label in ["all", *sorted(set(a["question_type"].to_list()) - {None, ""})]:  # KGQA rows have no type
         mask = pl.lit(True) if label == "all" else pl.col("question_type") == label
         x, y = a.filter(mask), b.filter(mask)
         diff, low, high = paired_bootstrap(y[metric].to_list(), x[metric].to_list())
+        distinct = "queries" in x.columns
         out[label] = {"n": len(x), "metric": metric, "sft_mean": x[metric].mean(), "rl_mean": y[metric].mean(),
                       "diff": {"diff": diff, "low": low, "high": high},
                       "sft_searches": x["searches"].mean(), "rl_searches": y["searches"].mean(),
-                      "sft_distinct_per_search": distinct_per_search(x), "rl_distinct_per_search": distinct_per_search(y)}
+                      "sft_distinct_per_search": distinct_per_search(x) if distinct else None,
+                      "rl_distinct_per_search": distinct_per_search(y) if distinct else None}
     return out
 
 
@@ -302,8 +312,6 @@ def from_logs(args, results: Path, out: Path) -> None:
 def sampled(args, results: Path, out: Path) -> None:
     import polars as pl
 
-    from ragrl.results.paired import paired_bootstrap
-
     work_tree, logs = results.parent, results.parent / "logs"
     models = {"sft": None, "rl": None}
     for item in args.extra:
@@ -336,20 +344,9 @@ def sampled(args, results: Path, out: Path) -> None:
         x = per_question.get(("sft", ds))
         if name == "sft" or x is None:
             continue
-        if x["id"].to_list() != y["id"].to_list():
-            raise SystemExit(f"{name} and sft hold different questions on {ds}: not a paired comparison")
-        rows = {}
-        for label in ["all", *sorted(set(x["question_type"].to_list()) - {None, ""})]:
-            mask = pl.lit(True) if label == "all" else pl.col("question_type") == label
-            a, b = x.filter(mask), y.filter(mask)
-            diff, low, high = paired_bootstrap(b[args.metric].to_list(), a[args.metric].to_list())
-            rows[label] = {"n": len(a), "sft": a[args.metric].mean(), name: b[args.metric].mean(),
-                           "diff": {"diff": diff, "low": low, "high": high},
-                           "searches": [a["searches"].mean(), b["searches"].mean()]}
-            print(f"{ds:24s} {name:10s} {label:11s} n={len(a):3d} sampled {args.metric} x{args.sampled}: "
-                  f"sft {a[args.metric].mean():.3f} -> {b[args.metric].mean():.3f} "
-                  f"diff {diff:+.3f} [{low:+.3f}, {high:+.3f}] searches {a['searches'].mean():.2f} -> "
-                  f"{b['searches'].mean():.2f}")
+        rows = paired_frames(x, y, args.metric, f"{name} and sft on {ds}")
+        print(f"{ds}: {name} against sft, {args.metric} the mean of {args.sampled} samples per question")
+        print_rows(rows, "  ")
         summary["datasets"].setdefault(ds, {})[name] = rows
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
 

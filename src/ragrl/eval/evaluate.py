@@ -73,8 +73,7 @@ PREDICTION_SCHEMA = pa.schema([
 def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir: str | Path, *, run_id: str,
              dataset: str, rollout_cfg=None, batch_size: int = 32, max_questions: int | None = None,
              temperature: float | None = 0.0, seed: int | None = None, device: str = "cpu", dtype: str = "auto",
-             generator=None,
-             tokenizer=None, extra_metrics: Callable[[dict, Any], dict] | None = None,
+             generator=None, tokenizer=None, extra_metrics: Callable[[dict, Any], dict] | None = None,
              extra_columns: Sequence[str] = (), group_of: Callable[[dict], str | None] | None = None,
              make_engine: Callable[..., Any] | None = None, row_columns: Sequence[str] = ()) -> dict:
     """Roll out the policy in `model_dir` on every question of `qa_parquet` in environment `env`;

@@ -178,9 +178,9 @@ def evaluate_run(recipe: Recipe, model: Path, datasets: Sequence[tuple[str, Path
                  seed: int | None = None) -> dict[str, dict]:
     """Evaluate one run on each (dataset, qa, backends): `out_dir/<dataset>/` gets its predictions
     and metrics; greedy unless `temperature` > 0 (None: the recipe's rollout temperature), sampled
-    reproducibly from `seed` (None: the recipe's rollout seed). The policy is loaded once: one job per run instead of one per (run, dataset)
-    pays the interpreter, torch and index start-up once (~10 s a job on 2 CPU cores, which was
-    most of a toy evaluation; a model load at scale)."""
+    reproducibly from `seed` (None: the recipe's rollout seed). The policy is loaded once: one job
+    per run instead of one per (run, dataset) pays the interpreter, torch and index start-up once
+    (~10 s a job on 2 CPU cores, which was most of a toy evaluation; a model load at scale)."""
     from ragrl.eval.evaluate import load_policy
 
     names = [name for name, _, _ in datasets]
