@@ -191,6 +191,39 @@ def test_evals_carry_the_bootstrap_interval_of_metrics_json(tmp_path):
     assert "$\\pm$" in tex
 
 
+def _one_eval_db(tmp_path: Path, extra: dict) -> Path:
+    run = _write_json(tmp_path / "run.json", {"run_id": "r1", "recipe": "x", "model": "m", "config_hash": "h",
+                                              "git_commit": "c", "seeds": {}, "stage": "rl"})
+    evs = [_write_json(tmp_path / ds / "metrics.json",
+                       {"run_id": "r1", "dataset": ds, "n": 1, "metrics": {"em": 1.0}, **extra.get(ds, {})})
+           for ds in ("greedy", "sampled", "ranking")]
+    db = tmp_path / "db.duckdb"
+    build_database(db, runs=[run], evals=evs, predictions=[], train_logs=[], benchmarks=[],
+                   rule_gpus={}, table_specs=[])
+    return db
+
+
+def test_decodings_tell_greedy_from_sampled_runs(tmp_path):
+    from ragrl.agent.rollout import RolloutConfig
+    from ragrl.eval.evaluate import decoding
+
+    greedy, sampled = decoding(RolloutConfig(temperature=0.0, seed=5)), decoding(RolloutConfig(temperature=1.0, seed=3))
+    assert greedy == {"temperature": 0.0, "seed": None} and sampled == {"temperature": 1.0, "seed": 3}
+    db = _one_eval_db(tmp_path, {"greedy": {"decoding": greedy}, "sampled": {"decoding": sampled}})
+    assert rows(db, "SELECT dataset, temperature, seed FROM decodings ORDER BY dataset") == [
+        ("greedy", 0.0, None), ("ranking", None, None), ("sampled", 1.0, 3)]
+
+
+@pytest.mark.parametrize("dec, field", [("greedy", "decoding"), ({"temperature": -0.5}, "decoding.temperature"),
+                                        ({"temperature": "0"}, "decoding.temperature"),
+                                        ({"temperature": 0.7, "seed": 1.5}, "decoding.seed"),
+                                        ({"temperature": 0.7, "seed": True}, "decoding.seed")])
+def test_a_malformed_decoding_names_its_field(tmp_path, dec, field):
+    with pytest.raises(DataFormatError, match=rf"sampled/metrics\.json: field '{field}'"):
+        _one_eval_db(tmp_path, {"sampled": {"decoding": dec}})
+    assert not (tmp_path / "db.duckdb").exists()
+
+
 def test_question_types_get_their_own_rows_and_table_columns(tmp_path):
     from ragrl.eval.evaluate import summarize
     from ragrl.results.tables import render_tables

@@ -92,6 +92,9 @@ def test_workflow_runs_end_to_end(tmp_path):
         "base": None, "no_retrieval": None, "search_r1_sft": "sft", "search_r1_rl": "sft rl",
         "search_r1_oracle": "sft rl", "kg_r1_sft": "sft", "kg_r1_rl": "sft rl"}
     assert con.execute("select count(*) from train_hosts where cpu is null or torch is null").fetchone()[0] == 0
+    # The tables report greedy decoding, and the database says so for every run they show.
+    decoded = dict(con.execute("select run_id, temperature from decodings where dataset = 'world_test'").fetchall())
+    assert {r: decoded.get(r) for r in RUNS} == dict.fromkeys(RUNS, 0.0)
     table = (tmp_path / "results/tables/toy_em.md").read_text()
     for run_id, dataset, value in leaderboard:
         if run_id in RUNS and dataset == "world_test":

@@ -22,7 +22,8 @@ Decoding is greedy by default: `temperature=0.0` overrides the rollout config's 
 `temperature=None` to sample with the config's own); one sample per question whatever
 `rollout_cfg.n` says. A sampled evaluation is reproducible from `seed` (each turn's draw is
 seeded from it, as an RL step's rollouts are), and metrics.json records the decoding under
-"decoding" ({"temperature", "seed"}), so a sampled run is never read as a greedy one.
+"decoding" ({"temperature", "seed"}; the database's table `decodings`), so a sampled run is
+never read as a greedy one.
 
 The environment is given ready-made (a method builds it: `ragrl.methods`); the format reward
 checks each turn against that environment's own tool actions.
@@ -105,8 +106,7 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
 
     rows = _read_questions(qa_parquet, max_questions, row_columns)
     predictions = run_predictions(engine, rows, batch_size, desc=desc, extra_metrics=extra_metrics, group_of=group_of)
-    metrics = {**summarize(predictions, run_id, dataset, extra_columns),
-               "decoding": {"temperature": cfg.temperature, "seed": cfg.seed if cfg.temperature > 0 else None}}
+    metrics = {**summarize(predictions, run_id, dataset, extra_columns), "decoding": decoding(cfg)}
     out_dir = Path(out_dir)
     schema = pa.schema([*PREDICTION_SCHEMA, *(pa.field(k, pa.float64()) for k in extra_columns)])
     write_parquet(pa.Table.from_pylist(predictions, schema=schema), out_dir / "predictions.parquet")
@@ -114,6 +114,12 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     shown = " ".join(f"{k}={v:.4f}" if v is not None else f"{k}=null" for k, v in metrics["metrics"].items())
     print(f"[eval] {run_id}/{dataset}: n={metrics['n']} {shown}", file=sys.stderr, flush=True)
     return metrics
+
+
+def decoding(cfg) -> dict:
+    """metrics.json's "decoding" for a rollout config: its temperature, and the seed only where it
+    decides the draws (a greedy run's seed changes nothing)."""
+    return {"temperature": cfg.temperature, "seed": cfg.seed if cfg.temperature > 0 else None}
 
 
 def write_metrics(metrics: dict, path: str | Path, trained: Sequence[dict] = ()) -> dict:

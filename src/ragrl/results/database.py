@@ -42,6 +42,10 @@ Tables::
                  evaluated model, from its pretraining to its last stage (metrics.json "trained":
                  the model directory's host.json chain), one row per start of a training (a job
                  resumed on another node adds one); none for a model without a record
+    decodings   (run_id, dataset, temperature DOUBLE, seed BIGINT) -- how each run x dataset was
+                 decoded (metrics.json "decoding"): temperature 0 greedy (what every table of the
+                 workflow reports), above 0 sampled with `seed`; NULL columns where a metrics.json
+                 has none (a graph ranking generates nothing; files from before the field)
     meta        (key, value JSON)              -- main_metric, table_specs, paired_bootstrap
 
 Views::
@@ -136,6 +140,9 @@ CREATE TABLE train_hosts (
     run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, model VARCHAR NOT NULL, seq INTEGER NOT NULL,
     stage VARCHAR NOT NULL, segment INTEGER NOT NULL, from_step BIGINT NOT NULL, cpu VARCHAR,
     cpu_capability VARCHAR, torch VARCHAR, cuda_device VARCHAR, host JSON, PRIMARY KEY (run_id, dataset, seq));
+CREATE TABLE decodings (
+    run_id VARCHAR NOT NULL, dataset VARCHAR NOT NULL, temperature DOUBLE, seed BIGINT,
+    PRIMARY KEY (run_id, dataset));
 CREATE TABLE meta (key VARCHAR PRIMARY KEY, value JSON);
 """
 
@@ -268,6 +275,21 @@ def _read_host(path: Path, obj: dict, field: str = "host") -> tuple[str | None, 
         return (None,) * (len(HOST_FIELDS) + 1)
     check_host(path, host, field)
     return (*(host.get(k) for k in HOST_FIELDS), json.dumps(_nan_to_none(host), sort_keys=True, ensure_ascii=False))
+
+
+def _read_decoding(path: Path, obj: dict) -> tuple[float | None, int | None]:
+    """metrics.json's optional "decoding": (temperature >= 0, seed: an integer or null)."""
+    dec = obj.get("decoding")
+    if dec is None:
+        return None, None
+    if not isinstance(dec, dict):
+        raise DataFormatError(path, f"expected an object {{temperature, seed}}, got {dec!r}", field="decoding")
+    t, seed = dec.get("temperature"), dec.get("seed")
+    if not _is_number(t) or not math.isfinite(t) or t < 0:
+        raise DataFormatError(path, f"expected a finite number >= 0, got {t!r}", field="decoding.temperature")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise DataFormatError(path, f"expected an integer or null, got {seed!r}", field="decoding.seed")
+    return float(t), seed
 
 
 def _read_trained(path: Path, obj: dict) -> list[tuple[Any, ...]]:
@@ -462,6 +484,7 @@ def build_database(
     eval_files: dict[tuple[str, str], Path] = {}
     host_rows: list[tuple[str | None, ...]] = []  # run_id, dataset, HOST_FIELDS, the host as JSON
     train_host_rows: list[tuple[Any, ...]] = []  # run_id, dataset, then _read_trained's columns
+    decoding_rows: list[tuple[str, str, float | None, int | None]] = []
     for p in map(Path, evals):
         obj = _read_json_object(p)
         run_id, dataset, n, metrics = _read_eval_object(p, obj)
@@ -472,6 +495,7 @@ def build_database(
         eval_files[run_id, dataset] = p
         ci = _read_ci95(p, obj)
         host_rows.append((run_id, dataset, *_read_host(p, obj)))
+        decoding_rows.append((run_id, dataset, *_read_decoding(p, obj)))
         train_host_rows += [(run_id, dataset, *row) for row in _read_trained(p, obj)]
         eval_rows += [(run_id, dataset, m, v, n, *ci.get(m, (None, None))) for m, v in metrics.items()]
         # Per question type (metrics.json "by_type"), so that a table or a query can put 1hop /
@@ -535,7 +559,7 @@ def build_database(
     try:
         con = duckdb.connect(str(tmp_db), config={"storage_compatibility_version": STORAGE_VERSION})
         try:
-            _write_all(con, run_rows, eval_rows, type_rows, (host_rows, train_host_rows), pred_map, pred_cols,
+            _write_all(con, run_rows, eval_rows, type_rows, (host_rows, train_host_rows, decoding_rows), pred_map, pred_cols,
                        train_records, extra_keys, bench, dict(rule_gpus), specs, main_metric, lineages)
             con.execute("CHECKPOINT")
         except duckdb.Error as exc:
@@ -551,7 +575,7 @@ def build_database(
     return db_path
 
 
-def _write_all(con, run_rows, eval_rows, type_rows, host_tables, pred_map, pred_cols, train_records, extra_keys,
+def _write_all(con, run_rows, eval_rows, type_rows, eval_tables, pred_map, pred_cols, train_records, extra_keys,
                bench, rule_gpus, specs, main_metric, lineages) -> None:
     con.execute(_SCHEMA)
     cols = ", ".join(("run_id", "recipe", "model", "config_hash", "git_commit", "seeds", "stage",
@@ -566,12 +590,14 @@ def _write_all(con, run_rows, eval_rows, type_rows, host_tables, pred_map, pred_
         con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
     if type_rows:
         con.executemany("INSERT INTO evals_by_type VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [list(r) for r in type_rows])
-    host_rows, train_host_rows = host_tables
+    host_rows, train_host_rows, decoding_rows = eval_tables
     if host_rows:
         con.executemany("INSERT INTO hosts VALUES (?, ?, ?, ?, ?, ?, ?::JSON)", [list(r) for r in host_rows])
     if train_host_rows:
         con.executemany("INSERT INTO train_hosts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?::JSON)",
                         [list(r) for r in train_host_rows])
+    if decoding_rows:
+        con.executemany("INSERT INTO decodings VALUES (?, ?, ?, ?)", [list(r) for r in decoding_rows])
 
     # predictions: one read_parquet over all files; run/dataset joined on the file name.
     if pred_map:

@@ -332,7 +332,7 @@ def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pass
     predictions.parquet and metrics.json, as `ragrl eval` writes them."""
     import pyarrow as pa
 
-    from ragrl.eval.evaluate import PREDICTION_SCHEMA, summarize, write_metrics
+    from ragrl.eval.evaluate import PREDICTION_SCHEMA, decoding, summarize, write_metrics
     from ragrl.hostinfo import trained_hosts
     from ragrl.io import write_parquet
 
@@ -343,7 +343,7 @@ def eval_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pass
                stochastic=False, seed=0)
     engine = _engine(recipe, harr, generator, env)
     predictions = _predictions(engine, env, rows, batch_size, f"harr eval {run_id}/{dataset}")
-    metrics = summarize(predictions, run_id, dataset)
+    metrics = {**summarize(predictions, run_id, dataset), "decoding": decoding(engine.config)}
     write_parquet(pa.Table.from_pylist(predictions, schema=PREDICTION_SCHEMA), out_dir / "predictions.parquet")
     metrics = write_metrics(metrics, out_dir / "metrics.json", trained=trained)
     shown = " ".join(f"{k}={v:.4f}" for k, v in metrics["metrics"].items() if v is not None)
