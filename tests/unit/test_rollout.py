@@ -407,6 +407,23 @@ def test_random_policy_rollouts(tiny):
 # --------------------------------------------------------------------------- HF backend
 
 
+def test_hf_backend_unseeded_calls_draw_from_the_global_stream(tiny):
+    """A seeded call leaves torch's stream as it was; unseeded calls advance it, so the second
+    draws differently from the first and the pair replays from torch.manual_seed."""
+    import torch
+
+    tok, hf = tiny.tok, tiny.hf
+    prompts = [encode_text(tok, "Where was Ada born?")] * 4
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    hf.generate(prompts, 12, temperature=1.0, seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+    first, second = hf.generate(prompts, 12, temperature=1.0), hf.generate(prompts, 12, temperature=1.0)
+    assert first != second
+    torch.manual_seed(123)
+    assert [hf.generate(prompts, 12, temperature=1.0) for _ in range(2)] == [first, second]
+
+
 def test_hf_backend_stops_at_token_ids_per_row(tiny):
     tok, hf = tiny.tok, tiny.hf
     prompts = [encode_text(tok, "Where was Ada born?"), encode_text(tok, "hi")]

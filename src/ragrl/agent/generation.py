@@ -210,7 +210,8 @@ class HFGenerator:
     RAGRL_HF_DECODE=transformers, for benchmarks or a model the loop does not suit) take
     `model.generate` instead. The model's own eos ids (generation_config) always stop too. Seeded
     runs are reproducible: the RNG is seeded inside a forked RNG state, so callers' random streams
-    are untouched.
+    are untouched; an unseeded call draws from torch's global stream and advances it, as sampling
+    with torch does (reproducible from `torch.manual_seed`).
     """
 
     def __init__(self, model, pad_token_id: int, tokenizer=None, max_batch_size: int | None = None) -> None:
@@ -260,7 +261,10 @@ class HFGenerator:
             self._fits = _own_loop_fits(self.model)
         own = self.own_loop and self._fits and not stop_strings
         kept = self._kept.call() if self._kept is not None else contextlib.nullcontext()
-        with torch.random.fork_rng(devices=self._rng_devices()), torch.no_grad(), kept:
+        # Seeded: a forked stream, so the caller's is untouched. Unseeded: the caller's own stream,
+        # advanced, so that two unseeded calls draw differently (a fork would replay one draw).
+        rng = torch.random.fork_rng(devices=self._rng_devices()) if seed is not None else contextlib.nullcontext()
+        with rng, torch.no_grad(), kept:
             if seed is not None:
                 torch.manual_seed(seed)
             for at in range(0, len(rows), size):
