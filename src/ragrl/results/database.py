@@ -559,7 +559,8 @@ def build_database(
     try:
         con = duckdb.connect(str(tmp_db), config={"storage_compatibility_version": STORAGE_VERSION})
         try:
-            _write_all(con, run_rows, eval_rows, type_rows, (host_rows, train_host_rows, decoding_rows), pred_map, pred_cols,
+            eval_tables = {"hosts": host_rows, "train_hosts": train_host_rows, "decodings": decoding_rows}
+            _write_all(con, run_rows, eval_rows, type_rows, eval_tables, pred_map, pred_cols,
                        train_records, extra_keys, bench, dict(rule_gpus), specs, main_metric, lineages)
             con.execute("CHECKPOINT")
         except duckdb.Error as exc:
@@ -575,6 +576,17 @@ def build_database(
     return db_path
 
 
+def _insert(con, table: str, rows: Sequence[Sequence[Any]], *, json_last: bool = False) -> None:
+    """Insert `rows` into `table` (a name of _SCHEMA's, never input), one placeholder per column,
+    the last cast to JSON where `json_last`."""
+    if not rows:
+        return
+    marks = ["?"] * len(rows[0])
+    if json_last:
+        marks[-1] = "?::JSON"
+    con.executemany(f"INSERT INTO {table} VALUES ({', '.join(marks)})", [list(r) for r in rows])
+
+
 def _write_all(con, run_rows, eval_rows, type_rows, eval_tables, pred_map, pred_cols, train_records, extra_keys,
                bench, rule_gpus, specs, main_metric, lineages) -> None:
     con.execute(_SCHEMA)
@@ -586,18 +598,12 @@ def _write_all(con, run_rows, eval_rows, type_rows, eval_tables, pred_map, pred_
             [[r["run_id"], r["recipe"], r["model"], r["config_hash"], r["git_commit"],
               r["seeds"], r["stage"], r["extra"],
               *(getattr(lineages[r["run_id"]], k) for k in paired.LINEAGE_FIELDS)] for r in run_rows])
-    if eval_rows:
-        con.executemany("INSERT INTO evals VALUES (?, ?, ?, ?, ?, ?, ?)", [list(r) for r in eval_rows])
-    if type_rows:
-        con.executemany("INSERT INTO evals_by_type VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [list(r) for r in type_rows])
-    host_rows, train_host_rows, decoding_rows = eval_tables
-    if host_rows:
-        con.executemany("INSERT INTO hosts VALUES (?, ?, ?, ?, ?, ?, ?::JSON)", [list(r) for r in host_rows])
-    if train_host_rows:
-        con.executemany("INSERT INTO train_hosts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?::JSON)",
-                        [list(r) for r in train_host_rows])
-    if decoding_rows:
-        con.executemany("INSERT INTO decodings VALUES (?, ?, ?, ?)", [list(r) for r in decoding_rows])
+    # The per-metrics.json tables; hosts' and train_hosts' last column is the host record as JSON.
+    for table, rows, json_last in (("evals", eval_rows, False), ("evals_by_type", type_rows, False),
+                                   ("hosts", eval_tables["hosts"], True),
+                                   ("train_hosts", eval_tables["train_hosts"], True),
+                                   ("decodings", eval_tables["decodings"], False)):
+        _insert(con, table, rows, json_last=json_last)
 
     # predictions: one read_parquet over all files; run/dataset joined on the file name.
     if pred_map:
