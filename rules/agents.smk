@@ -24,6 +24,7 @@ rule sft_data:
         server="logs/sft_data/{recipe}.server.log",
     benchmark:
         "benchmarks/sft_data/{recipe}.tsv"
+    priority: lambda wc: WF.train_priority(wc.recipe, "sft")
     threads: rule_threads("sft_data")
     resources:
         **rule_resources("sft_data"),
@@ -48,6 +49,7 @@ rule sft:
         "logs/sft/{recipe}.log",
     benchmark:
         "benchmarks/sft/{recipe}.tsv"
+    priority: lambda wc: WF.train_priority(wc.recipe, "sft")
     threads: rule_threads("sft")
     resources:
         **rule_resources("sft"),
@@ -70,6 +72,7 @@ rule merge_sft:
         "logs/merge/{recipe}_sft.log",
     benchmark:
         "benchmarks/merge/{recipe}_sft.tsv"
+    priority: lambda wc: WF.train_priority(wc.recipe, "sft")
     threads: rule_threads("merge")
     resources:
         **rule_resources("merge"),
@@ -101,7 +104,8 @@ rule rl:
         "benchmarks/rl/{recipe}.tsv"
     # An RL job gates its merge and two evaluations: started before the ready leaf jobs, it keeps
     # the DAG's tail short (left to the scheduler, RAG-R1's RL once waited 6 minutes for a core).
-    priority: 1
+    # A recipe whose model a pipeline reads (HARR's generator) goes first of all (train_priority).
+    priority: lambda wc: WF.train_priority(wc.recipe, "rl", 1)
     threads: rule_threads("rl")
     resources:
         **rule_resources("rl"),
@@ -126,6 +130,7 @@ rule merge_rl:
         "logs/merge/{recipe}_rl.log",
     benchmark:
         "benchmarks/merge/{recipe}_rl.tsv"
+    priority: lambda wc: WF.train_priority(wc.recipe, "rl")
     threads: rule_threads("merge")
     resources:
         **rule_resources("merge"),

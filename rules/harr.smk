@@ -31,6 +31,9 @@ rule harr_filter:
         server="logs/harr/serve/filter.log",
     benchmark:
         "benchmarks/harr/filter.tsv"
+    # The filter and the trainings are the default DAG's longest chain (about 10 minutes after the
+    # generator's SFT), so they and the generator's training jobs run first (Workflow.train_priority).
+    priority: WF.CHAIN_PRIORITY
     threads: rule_threads("harr_filter")
     resources:
         **rule_resources("harr_filter"),
@@ -69,6 +72,7 @@ rule harr_train:
         "benchmarks/harr/train/{run}.tsv"
     wildcard_constraints:
         run="harr|harr_no_history",
+    priority: WF.CHAIN_PRIORITY  # the longest chain: see harr_filter
     threads: rule_threads("harr_train")
     resources:
         **rule_resources("harr_train"),

@@ -213,6 +213,23 @@ def test_the_harr_runs_of_the_default_config(default):
                                                    "ablation_of": "harr"}
 
 
+def test_the_trainings_a_pipeline_reads_run_first(default):
+    # HARR reads search_r1's SFT model: that recipe's SFT chain, and none of the other jobs, runs
+    # at the pipeline chain's priority; rl keeps its own above the leaf jobs.
+    chain = Workflow.CHAIN_PRIORITY
+    assert default.pipeline("harr").gating_runs() == ["search_r1_sft"]
+    assert default.train_priority("search_r1", "sft") == chain
+    assert [default.train_priority(r, "sft") for r in ("rag_r1", "kg_r1", "knowrl")] == [0, 0, 0]
+    assert default.train_priority("search_r1", "rl", 1) == 1
+    # An RL generator gates its recipe's RL and the SFT start it trains from.
+    rl_gen = Workflow(merged({"harr": {"generator": "rag_r1_rl"}}))
+    assert rl_gen.train_priority("rag_r1", "rl", 1) == chain
+    assert rl_gen.train_priority("rag_r1", "sft") == chain
+    assert rl_gen.train_priority("search_r1", "sft") == 0
+    # No pipeline reading a run, no raised priority.
+    assert Workflow(merged({"harr": None})).train_priority("search_r1", "sft") == 0
+
+
 def test_the_harr_paper_config_serves_an_outside_generator():
     wf = Workflow(merged(paper("harr")))
     generator = wf.pipeline("harr").generator()

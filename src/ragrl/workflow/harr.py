@@ -44,6 +44,10 @@ class HarrPlan(PipelinePlan):
         with its endpoint settings."""
         return harr_generator_spec(self.settings()["generator"])
 
+    def gating_runs(self) -> list[str]:
+        spec = self.generator_settings() if self.settings() else {}
+        return [spec["run"]] if "run" in spec else []
+
     def generator(self) -> Run:
         """The frozen generator as a run: a run of this workflow, or an outside checkpoint with the
         recipe settings config gives it (stage "outside")."""

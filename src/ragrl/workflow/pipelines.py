@@ -86,6 +86,12 @@ class PipelinePlan:
         """Results tables (config results.tables' form) it adds to config's."""
         return []
 
+    def gating_runs(self) -> list[str]:
+        """Ids of the workflow's runs whose models this pipeline's own jobs read (HARR's generator):
+        the jobs that train them run at a raised priority (Workflow.train_priority), so that the
+        pipeline's chain starts as early as it can."""
+        return []
+
     def lineage(self, recipe_lineage: Mapping[str, Mapping[str, str | None]]) -> dict[str, dict[str, str | None]]:
         """Run id → {family, step, start_run, variant_of, ablation_of} (ragrl.workflow.lineage) of its
         runs, given the recipes' runs' lineage."""

@@ -27,6 +27,12 @@ def method_of(settings: Mapping[str, Any]):
 class Workflow:
     """Everything the rules compute from config: paths, the runs and their definitions."""
 
+    # Snakemake priority of the jobs on a pipeline's chain (its own long jobs and the trainings of
+    # the runs it reads): above rule rl's 1. Left to the scheduler, the default DAG ran HARR's
+    # generator SFT 14 minutes in, behind the other recipes' jobs, and its last HARR training
+    # alone on one of the 2 cores (docs/BENCHMARKS.md).
+    CHAIN_PRIORITY = 2
+
     def __init__(self, config: dict):
         self.config = config
         # The enabled pipeline methods (ragrl.workflow.pipelines), by name; InputError for a plug-in
@@ -222,6 +228,18 @@ class Workflow:
     def rl_start_model(self, name: str) -> str:
         """RL starts from the merged SFT model, or from the base policy when SFT is disabled."""
         return self.merged_dir(self.sft_owner(name), "sft") if self.sft_enabled(name) else self.policy_dir()
+
+    def train_priority(self, name: str, stage: str, default: int = 0) -> int:
+        """The Snakemake priority of recipe `name`'s `stage` ("sft": sft_data, sft, merge_sft; "rl":
+        rl, merge_rl) jobs: CHAIN_PRIORITY when an enabled pipeline reads a model that stage
+        trains or starts from (an RL run gates its SFT start too), else `default`."""
+        return self.CHAIN_PRIORITY if (name, stage) in self._gating_stages else default
+
+    @cached_property
+    def _gating_stages(self) -> set[tuple[str, str]]:
+        runs = [self.recipe_runs[r] for r in self.from_pipelines("gating_runs") if r in self.recipe_runs]
+        return ({(self.sft_owner(run.recipe), "sft") for run in runs if run.stage in ("sft", "rl")}
+                | {(run.recipe, "rl") for run in runs if run.stage == "rl"})
 
     # ------------------------------------------------------------ the run table
 
