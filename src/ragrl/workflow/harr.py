@@ -45,8 +45,9 @@ class HarrPlan(PipelinePlan):
         return harr_generator_spec(self.settings()["generator"])
 
     def gating_runs(self) -> list[str]:
-        spec = self.generator_settings() if self.settings() else {}
-        return [spec["run"]] if "run" in spec else []
+        if not self.settings() or (generator := self.generator()).stage == "outside":
+            return []
+        return [generator.id]
 
     def generator(self) -> Run:
         """The frozen generator as a run: a run of this workflow, or an outside checkpoint with the

@@ -28,9 +28,8 @@ class Workflow:
     """Everything the rules compute from config: paths, the runs and their definitions."""
 
     # Snakemake priority of the jobs on a pipeline's chain (its own long jobs and the trainings of
-    # the runs it reads): above rule rl's 1. Left to the scheduler, the default DAG ran HARR's
-    # generator SFT 14 minutes in, behind the other recipes' jobs, and its last HARR training
-    # alone on one of the 2 cores (docs/BENCHMARKS.md).
+    # the runs it reads), above rule rl's 1: the longest chain of the default DAG, started late,
+    # leaves one of 2 cores idle at the end (docs/BENCHMARKS.md, the timing table).
     CHAIN_PRIORITY = 2
 
     def __init__(self, config: dict):
