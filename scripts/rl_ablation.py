@@ -26,6 +26,13 @@ gold SFT trajectories: at the point after the first observation where the gold t
 "Next I need to find out" or closes with "So the answer is" (`ragrl.toy.gold`), the probability of
 going on (of the two first tokens), by question type. Greedy decoding goes on where it is above 0.5.
 
+What RL and the cold start train on, and where RL starts (a variant's inputs, without a copy of RUN):
+--train-qa FILE (RL's questions instead of RUN's world_train: a mix, or questions SFT never saw),
+--sft-data FILE (with --sft-set: the new start's SFT data instead of RUN's), --start DIR (RL from an
+earlier variant's new start, DIR/sft_merged, paired against DIR/sft_eval), and --train-questions N
+(the start and the RL model also evaluated greedily on the first N questions of --train-qa: what RL
+does on the questions it trains on).
+
 With --from-logs: the same for any agent method (kg_r1 included), from the run's own logged
 commands instead (the first line of logs/rl/<method>.log, logs/merge/<method>_rl.log and
 logs/eval/<method>_rl.log: `--recipe` patched by each --set, outputs moved to OUT/<name>), the RL
@@ -136,26 +143,28 @@ def train_summary(train_log: Path) -> dict:
 
 
 def evaluate(recipe: dict, method: str, run_id: str, model: Path, index: list[str], results: Path, out: Path,
-             log: Path, work_tree: Path) -> Path:
-    """Greedy evaluation on world_test as the DAG's eval rule runs it; returns the predictions file."""
+             log: Path, work_tree: Path, qa: tuple[str, Path] | None = None, questions: int = 100) -> Path:
+    """Greedy evaluation on world_test (or `qa`: a dataset name and its QA file) as the DAG's eval
+    rule runs it; returns the predictions file."""
     dropped = ("rl", "reward", "sft", "train_dataset", "eval_datasets")
     eval_recipe = {k: v for k, v in recipe.items() if k not in dropped}
+    dataset, qa_file = qa or ("world_test", results / "world/qa/test.parquet")
     run([sys.executable, "-m", "ragrl", "eval", "--recipe", json.dumps(eval_recipe), "--recipe-name", method, *index,
-         "--dataset", "world_test", "--qa", str(results / "world/qa/test.parquet"), "--model", str(model),
-         "--run-id", run_id, "--max-questions", "100", "--batch-size", "100", "--out", str(out)], log, work_tree)
-    return out / "world_test/predictions.parquet"
+         "--dataset", dataset, "--qa", str(qa_file), "--model", str(model), "--run-id", run_id,
+         "--max-questions", str(questions), "--batch-size", "100", "--out", str(out)], log, work_tree)
+    return out / dataset / "predictions.parquet"
 
 
 def new_cold_start(args, recipe: dict, results: Path, out: Path, index: list[str]) -> tuple[Path, Path]:
-    """SFT from the run's base policy on the run's SFT data with `recipe["sft"]` (already patched):
-    the merged model and its test predictions."""
+    """SFT from the run's base policy on the run's SFT data (or --sft-data) with `recipe["sft"]`
+    (already patched): the merged model and its test predictions."""
     work_tree = results.parent
     py = sys.executable
     base = results / "models/pretrained"
     sft_recipe = {"seed": recipe.get("seed", 0), "sft": recipe["sft"]}
+    data = args.sft_data.resolve() if args.sft_data else results / f"sft_data/{args.method}.parquet"
     run([py, "-m", "ragrl", "sft", "--recipe", json.dumps(sft_recipe), "--recipe-name", args.method,
-         "--data", str(results / f"sft_data/{args.method}.parquet"), "--policy", str(base),
-         "--out", str(out / "sft")], out / "sft.log", work_tree)
+         "--data", str(data), "--policy", str(base), "--out", str(out / "sft")], out / "sft.log", work_tree)
     run([py, "-m", "ragrl", "merge", "--base", str(base), "--adapter", str(out / "sft"),
          "--out", str(out / "sft_merged")], out / "sft_merge.log", work_tree)
     preds = evaluate(recipe, args.method, f"{args.name}_sft", out / "sft_merged", index, results, out / "sft_eval",
@@ -181,27 +190,43 @@ def ablate(args, recipe: dict, results: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     index = ["--index", str(results / "index/world/flat"), "--mode", "dense"]
     run_sft_preds = results / f"eval/{method}_sft/world_test/predictions.parquet"
+    train_qa = args.train_qa.resolve() if args.train_qa else results / "world/qa/train.parquet"
     if args.sft_set:
         sft, sft_preds = new_cold_start(args, recipe, results, out, index)
+    elif args.start:
+        start = args.start.resolve()
+        sft, sft_preds = start / "sft_merged", start / "sft_eval/world_test/predictions.parquet"
+        if not sft.is_dir() or not sft_preds.exists():
+            raise SystemExit(f"--start {start}: expected an --sft-set variant's sft_merged/ and sft_eval/")
     else:
         sft, sft_preds = results / f"models/{method}/sft_merged", run_sft_preds
     run([py, "-m", "ragrl", "rl", "--recipe", json.dumps(recipe), "--recipe-name", method, *index,
-         "--qa", str(results / "world/qa/train.parquet"), "--policy", str(sft), "--limit", "0",
+         "--qa", str(train_qa), "--policy", str(sft), "--limit", "0",
          "--out", str(out / "work"), "--log-out", str(out / "train_log.jsonl")], out / "rl.log", work_tree)
     run([py, "-m", "ragrl", "merge", "--base", str(sft), "--adapter", str(out / "work/final"),
          "--out", str(out / "merged")], out / "merge.log", work_tree)
     rl_preds = evaluate(recipe, method, args.name, out / "merged", index, results, out / "eval", out / "eval.log",
                         work_tree)
     summary = {"name": args.name, "method": method, "sets": args.set, "sft_sets": args.sft_set,
+               "train_qa": str(train_qa), "start": str(sft),
                **paired_summary(sft_preds, rl_preds, args.metric), "train": train_summary(out / "train_log.jsonl")}
-    if args.sft_set:
+    if args.train_questions:
+        # Greedy on the questions RL trains on: the start against the RL model, paired.
+        on_train = [evaluate(recipe, method, f"{args.name}_{side}", model, index, results, out / f"train_eval_{side}",
+                             out / f"train_eval_{side}.log", work_tree, ("world_train", train_qa), args.train_questions)
+                    for side, model in (("start", sft), ("rl", out / "merged"))]
+        summary["on_train_questions"] = paired_summary(*on_train, args.metric)
+    if args.sft_set or args.start:
         # The new cold start against the run's own (its "rl" side is the new SFT), and the RL
         # from the new start against the run's SFT: whether the change helps end to end.
         summary["new_sft_vs_run_sft"] = paired_summary(run_sft_preds, sft_preds, args.metric)
         summary["rl_vs_run_sft"] = paired_summary(run_sft_preds, rl_preds, args.metric)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print_rows(summary)
-    if args.sft_set:
+    if args.train_questions:
+        print(f"on the first {args.train_questions} questions RL trains on (greedy), the start against the RL model:")
+        print_rows(summary["on_train_questions"], "  ")
+    if args.sft_set or args.start:
         print("the new SFT against the run's SFT:")
         print_rows(summary["new_sft_vs_run_sft"], "  ")
         print("the RL from the new SFT against the run's SFT:")
@@ -397,6 +422,11 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="key.path=JSON on top of the default recipe")
     p.add_argument("--sft-set", action="append", default=[],
                    help="key.path=JSON on top of the recipe: train a new SFT start with it first (sft.epochs=6)")
+    p.add_argument("--train-qa", type=Path, help="RL's training questions (a QA parquet) instead of RUN's world_train")
+    p.add_argument("--sft-data", type=Path, help="--sft-set: the new start's SFT data instead of RUN's")
+    p.add_argument("--start", type=Path, help="RL from an earlier --sft-set variant's start (its OUT/<name> directory)")
+    p.add_argument("--train-questions", type=int, metavar="N",
+                   help="also evaluate the start and the RL model greedily on the first N training questions")
     p.add_argument("--out", type=Path, default=Path("rl_ablation"))
     p.add_argument("--metric", default="em", help="the per-question column compared paired (autograph_r1: recall@5)")
     p.add_argument("--diagnose", action="store_true", help="sampled rollouts of the SFT model by question type")
@@ -415,6 +445,10 @@ def main() -> None:
     not_sft = [item for item in args.sft_set if not item.startswith("sft.")]
     if not_sft:
         raise SystemExit(f"--sft-set {not_sft[0]!r}: only sft.* keys train a new start; give the others with --set")
+    if args.start and args.sft_set:
+        raise SystemExit("--start and --sft-set both name the start: give one")
+    if args.sft_data and not args.sft_set:
+        raise SystemExit("--sft-data is the data of a new start: give --sft-set too")
     results = args.results.resolve()
     if args.sampled:
         return sampled(args, results, (args.out / f"{args.name}_sampled").resolve())
