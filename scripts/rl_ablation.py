@@ -449,6 +449,13 @@ def main() -> None:
         raise SystemExit("--start and --sft-set both name the start: give one")
     if args.sft_data and not args.sft_set:
         raise SystemExit("--sft-data is the data of a new start: give --sft-set too")
+    variant_inputs = [flag for flag, value in (("--train-qa", args.train_qa), ("--sft-data", args.sft_data),
+                                               ("--start", args.start), ("--train-questions", args.train_questions))
+                      if value]
+    other_mode = [flag for flag, on in (("--from-logs", args.from_logs), ("--sampled", args.sampled),
+                                        ("--diagnose", args.diagnose), ("--decision", args.decision)) if on]
+    if variant_inputs and other_mode:
+        raise SystemExit(f"{variant_inputs[0]} shapes the default mode's variant; {other_mode[0]} does not read it")
     results = args.results.resolve()
     if args.sampled:
         return sampled(args, results, (args.out / f"{args.name}_sampled").resolve())
