@@ -155,6 +155,12 @@ def evaluate(recipe: dict, method: str, run_id: str, model: Path, index: list[st
     return out / dataset / "predictions.parquet"
 
 
+def start_files(out: Path) -> tuple[Path, Path]:
+    """Where a new cold start keeps its merged model and its test predictions (`new_cold_start`
+    writes them; `--start` reads an earlier variant's)."""
+    return out / "sft_merged", out / "sft_eval/world_test/predictions.parquet"
+
+
 def new_cold_start(args, recipe: dict, results: Path, out: Path, index: list[str]) -> tuple[Path, Path]:
     """SFT from the run's base policy on the run's SFT data (or --sft-data) with `recipe["sft"]`
     (already patched): the merged model and its test predictions."""
@@ -165,11 +171,12 @@ def new_cold_start(args, recipe: dict, results: Path, out: Path, index: list[str
     data = args.sft_data.resolve() if args.sft_data else results / f"sft_data/{args.method}.parquet"
     run([py, "-m", "ragrl", "sft", "--recipe", json.dumps(sft_recipe), "--recipe-name", args.method,
          "--data", str(data), "--policy", str(base), "--out", str(out / "sft")], out / "sft.log", work_tree)
+    merged, _ = start_files(out)
     run([py, "-m", "ragrl", "merge", "--base", str(base), "--adapter", str(out / "sft"),
-         "--out", str(out / "sft_merged")], out / "sft_merge.log", work_tree)
-    preds = evaluate(recipe, args.method, f"{args.name}_sft", out / "sft_merged", index, results, out / "sft_eval",
+         "--out", str(merged)], out / "sft_merge.log", work_tree)
+    preds = evaluate(recipe, args.method, f"{args.name}_sft", merged, index, results, out / "sft_eval",
                      out / "sft_eval.log", work_tree)
-    return out / "sft_merged", preds
+    return merged, preds
 
 
 def print_rows(summary: dict, prefix: str = "") -> None:
@@ -194,10 +201,9 @@ def ablate(args, recipe: dict, results: Path, out: Path) -> None:
     if args.sft_set:
         sft, sft_preds = new_cold_start(args, recipe, results, out, index)
     elif args.start:
-        start = args.start.resolve()
-        sft, sft_preds = start / "sft_merged", start / "sft_eval/world_test/predictions.parquet"
+        sft, sft_preds = start_files(args.start.resolve())
         if not sft.is_dir() or not sft_preds.exists():
-            raise SystemExit(f"--start {start}: expected an --sft-set variant's sft_merged/ and sft_eval/")
+            raise SystemExit(f"--start {args.start}: expected an --sft-set variant's {sft.name}/ and sft_eval/")
     else:
         sft, sft_preds = results / f"models/{method}/sft_merged", run_sft_preds
     run([py, "-m", "ragrl", "rl", "--recipe", json.dumps(recipe), "--recipe-name", method, *index,
@@ -210,27 +216,27 @@ def ablate(args, recipe: dict, results: Path, out: Path) -> None:
     summary = {"name": args.name, "method": method, "sets": args.set, "sft_sets": args.sft_set,
                "train_qa": str(train_qa), "start": str(sft),
                **paired_summary(sft_preds, rl_preds, args.metric), "train": train_summary(out / "train_log.jsonl")}
+    sections = []  # (summary key, heading) of the further paired comparisons, printed after the main one
     if args.train_questions:
         # Greedy on the questions RL trains on: the start against the RL model, paired.
         on_train = [evaluate(recipe, method, f"{args.name}_{side}", model, index, results, out / f"train_eval_{side}",
                              out / f"train_eval_{side}.log", work_tree, ("world_train", train_qa), args.train_questions)
                     for side, model in (("start", sft), ("rl", out / "merged"))]
         summary["on_train_questions"] = paired_summary(*on_train, args.metric)
+        sections.append(("on_train_questions", f"on the first {args.train_questions} questions RL trains on (greedy), "
+                                               "the start against the RL model:"))
     if args.sft_set or args.start:
         # The new cold start against the run's own (its "rl" side is the new SFT), and the RL
         # from the new start against the run's SFT: whether the change helps end to end.
         summary["new_sft_vs_run_sft"] = paired_summary(run_sft_preds, sft_preds, args.metric)
         summary["rl_vs_run_sft"] = paired_summary(run_sft_preds, rl_preds, args.metric)
+        sections += [("new_sft_vs_run_sft", "the new SFT against the run's SFT:"),
+                     ("rl_vs_run_sft", "the RL from the new SFT against the run's SFT:")]
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print_rows(summary)
-    if args.train_questions:
-        print(f"on the first {args.train_questions} questions RL trains on (greedy), the start against the RL model:")
-        print_rows(summary["on_train_questions"], "  ")
-    if args.sft_set or args.start:
-        print("the new SFT against the run's SFT:")
-        print_rows(summary["new_sft_vs_run_sft"], "  ")
-        print("the RL from the new SFT against the run's SFT:")
-        print_rows(summary["rl_vs_run_sft"], "  ")
+    for key, heading in sections:
+        print(heading)
+        print_rows(summary[key], "  ")
     t = summary["train"]
     print(f"train reward {t['reward_first_quarter']:.3f} -> {t['reward_last_quarter']:.3f} over {t['steps']} steps, "
           f"final kl {t['final_kl']}, {t['step_time_s']:.1f} s/step")
