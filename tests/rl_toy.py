@@ -49,6 +49,40 @@ def one_torch_thread():
         torch.set_num_threads(before)
 
 
+def tiny_qwen2(tied: bool, vocab: int = 97, seed: int = 0, attn: str | None = None, cls=None, **extra):
+    """A seeded two-layer Qwen2 small enough for exact comparisons of log-prob paths."""
+    import transformers
+
+    config = transformers.Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=64, tie_word_embeddings=tied, pad_token_id=0, **extra)
+    if attn is not None:
+        config._attn_implementation = attn
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = (cls or transformers.Qwen2ForCausalLM)(config)
+    assert cls is not None or (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    return model
+
+
+def logp_loss_grads(model, batch, chunk: int, temperature: float = 0.7, loss_agg: str = "token-mean"):
+    """A micro-batch's response log-probs, a clipped policy loss with a KL term over them, and every
+    parameter's gradient of it: what two log-prob paths must agree on."""
+    import contextlib
+
+    from ragrl.train.losses import policy_loss
+    from ragrl.train.rl import response_logprobs
+
+    model.zero_grad()
+    logp, _ = response_logprobs(model, batch, temperature, chunk, False, contextlib.nullcontext)
+    old = logp.detach() - 0.05
+    adv = torch.linspace(-1.0, 1.0, logp.numel()).reshape(logp.shape)
+    loss, _ = policy_loss(logp, old, adv, batch["loss_mask"], clip_low=0.2, clip_high=0.2, loss_agg=loss_agg,
+                          ref_logp=old + 0.1, kl_coef=0.1)
+    loss.backward()
+    return logp.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
 def corpus(n: int = 200, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     lexicon = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 6))) for _ in range(300)]

@@ -249,6 +249,11 @@ class RLConfig:
     # update (docs/RL.md, "Memory").
     logprob_chunk_tokens: int = setting(1024, ge=0, help="response positions whose logits exist at once in the "
                                                          "log-prob and loss passes; 0: a micro-batch's at once")
+    # One unpadded row per micro-batch, attended per sequence (ragrl.train.packed_attention): a
+    # step's rows differ by hundreds of tokens (one search or three), and padding made the update
+    # and the reference scoring compute them all at the longest's length (docs/BENCHMARKS.md).
+    padding_free: bool = setting(False, help="each micro-batch one unpadded row in the update and the log-prob "
+                                             "passes (verl: use_remove_padding)")
     # DAPO's / HARR's filter: tied groups' tokens get no loss and do not count in its normaliser; a
     # step where every group ties makes no update. Their share is logged either way (`tied_group_share`).
     filter_tied_groups: bool = setting(False, help="leave groups whose rewards all tie out of the update (DAPO, HARR); with "

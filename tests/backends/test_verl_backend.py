@@ -61,7 +61,8 @@ RECIPE = {
     "env": "search", "topk": 2,
     "rollout": {"max_turns": 2, "max_turn_tokens": 64, "max_response_tokens": 400, "max_obs_tokens": 160},
     "rl": {"backend": "verl", "group_size": 2, "batch_prompts": 4, "steps": 3, "kl_coef": 0.001, "loss_agg": "grpo",
-           "lr": 1e-5, "checkpoint_every": 2, "verl": {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.6}},
+           "lr": 1e-5, "checkpoint_every": 2, "padding_free": True,
+           "verl": {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.6}},
     "reward": {"em": 1.0, "format": 0.1},
 }
 # Hand-computed: score = 1.0 * em + 0.1 * format.
@@ -279,6 +280,7 @@ def test_launch_overrides_compose_with_hydra(launch):
     assert rollout["agent"]["default_agent_loop"] == "ragrl_agent"
     actor = cfg["actor_rollout_ref"]["actor"]
     assert actor["use_kl_loss"] is True and actor["kl_loss_type"] == "k3"
+    assert cfg["actor_rollout_ref"]["model"]["use_remove_padding"] is True  # rl.padding_free
     assert actor["loss_agg_mode"] == "seq-mean-token-mean" and actor["ppo_mini_batch_size"] == 4
     reward = cfg["reward"]["custom_reward_function"]
     assert reward["path"].endswith("ragrl/verl/reward.py") and reward["name"] == "compute_score"
@@ -364,6 +366,7 @@ def test_overrides_mapping_and_escape_hatch():
     assert kv["actor_rollout_ref.actor.loss_scale_factor"] == "400"  # the response budget
     assert kv["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "2"
     assert kv["actor_rollout_ref.actor.use_kl_loss"] == "false"
+    assert kv["actor_rollout_ref.model.use_remove_padding"] == "true"  # RECIPE's rl.padding_free
     assert kv["trainer.nnodes"] == "4" and list(kv).count("trainer.nnodes") == 1
     assert kv["+trainer.extra"] == "'a b'"
     assert kv["trainer.total_epochs"] == "2"  # 3 steps at 2 steps per epoch (8 prompts / 4)

@@ -16,12 +16,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-import transformers
 
 import rl_toy
 from ragrl import progress
 from ragrl.train import rl as rl_mod
-from ragrl.train.losses import chunked_token_logprobs, entropy_from_logits, policy_loss, token_logprobs
+from ragrl.train.losses import chunked_token_logprobs, entropy_from_logits, token_logprobs
 from ragrl.train.rl import RLConfig, Sample, collate, response_logprobs, train_rl
 
 NO_AUTOCAST = contextlib.nullcontext
@@ -113,14 +112,7 @@ def test_entropy_with_gradients_is_logged_outside_the_graph():
 
 
 def _model(tied: bool, vocab=97, seed=0):
-    config = transformers.Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, head_dim=16,
-                                      max_position_embeddings=64, tie_word_embeddings=tied, pad_token_id=0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.Qwen2ForCausalLM(config)
-    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
-    return model
+    return rl_toy.tiny_qwen2(tied, vocab, seed)
 
 
 def _batch(vocab=97):
@@ -134,25 +126,14 @@ def _batch(vocab=97):
     return collate(samples, pad_id=0)
 
 
-def _logp_and_grads(model, batch, chunk, temperature=0.7):
-    model.zero_grad()
-    logp, _ = response_logprobs(model, batch, temperature, chunk, False, NO_AUTOCAST)
-    old = logp.detach() - 0.05
-    adv = torch.linspace(-1.0, 1.0, logp.numel()).reshape(logp.shape)
-    loss, _ = policy_loss(logp, old, adv, batch["loss_mask"], clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
-                          ref_logp=old + 0.1, kl_coef=0.1)
-    loss.backward()
-    return logp.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("tied", [True, False])
 # 24 positions = 4 rows x 6: 5 does not divide them; 8 does but its chunks straddle rows; 1000 is one chunk
 @pytest.mark.parametrize("chunk", [1, 5, 8, 24, 1000])
 def test_model_logprobs_loss_and_gradients_equal_unchunked(tied, chunk):
     model = _model(tied).train()
     batch = _batch()
-    want_logp, want_loss, want_grads = _logp_and_grads(model, batch, 0)
-    logp, loss, grads = _logp_and_grads(model, batch, chunk)
+    want_logp, want_loss, want_grads = rl_toy.logp_loss_grads(model, batch, 0)
+    logp, loss, grads = rl_toy.logp_loss_grads(model, batch, chunk)
     torch.testing.assert_close(logp, want_logp, rtol=0, atol=1e-6)
     torch.testing.assert_close(loss, want_loss, rtol=0, atol=1e-6)
     assert grads.keys() == want_grads.keys()

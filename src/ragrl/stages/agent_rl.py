@@ -113,8 +113,8 @@ def rollout_generators(recipe: Recipe, tokenizer, policy: Path, work_dir: Path,
 # How the work is split and where it runs, not what is trained: a change of these resumes the
 # checkpoints (the trainer logs the change) instead of moving them aside, so lowering the chunk size
 # after an out-of-memory, or a longer server start-up, keeps hours of RL.
-RESUMABLE_RL_KEYS = ("micro_batch_size", "logprob_chunk_tokens", "rollout_engine", "rollout_serve",
-                     "checkpoint_every", "keep_checkpoints")
+RESUMABLE_RL_KEYS = ("micro_batch_size", "logprob_chunk_tokens", "padding_free", "rollout_engine",
+                     "rollout_serve", "checkpoint_every", "keep_checkpoints")
 
 
 def resume_key(recipe: Recipe) -> dict:

@@ -156,6 +156,44 @@ def select(batch: dict[str, torch.Tensor], rows: torch.Tensor | slice) -> dict[s
     return {k: v[rows] for k, v in batch.items()}
 
 
+def pack(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A collated batch as one unpadded row (`rl.padding_free`), for attention per sequence.
+
+    Each sample's prompt and response, without padding, one after another; position ids restart
+    at every sample and `cu_seq_lens` marks the boundaries, as TRL's padding-free collator hands
+    them to the varlen kernels (ragrl.train.packed_attention on CPU). `gather` [B, R] indexes the
+    packed position that predicts each response column, so the response tensors keep the padded
+    batch's [B, R] layout; columns past a response's end point at its last token and are masked.
+    """
+    attention = batch["attention_mask"].bool()
+    lengths = attention.sum(-1)
+    ends = lengths.cumsum(0)
+    starts = ends - lengths
+    r_len = batch["response_ids"].shape[1]
+    prompt_lens = lengths - batch["response_mask"].sum(-1).long()
+    columns = torch.arange(r_len)[None]
+    gather = torch.minimum(starts[:, None] + prompt_lens[:, None] + columns - 1, ends[:, None] - 1)
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32)
+    return {
+        "input_ids": batch["input_ids"][attention][None],
+        "position_ids": torch.cat([torch.arange(int(n)) for n in lengths])[None],
+        "cu_seq_lens": cu,
+        "max_length": lengths.max().reshape(1),
+        "gather": gather,
+        **{k: batch[k] for k in ("response_ids", "loss_mask", "response_mask", "turn_index") if k in batch},
+    }
+
+
+def is_packed(batch: dict[str, torch.Tensor]) -> bool:
+    return "cu_seq_lens" in batch
+
+
+def micro_batch(batch: dict[str, torch.Tensor], rows, device, padding_free: bool) -> dict[str, torch.Tensor]:
+    """The rows of a micro-batch on `device`: padded, or packed into one row."""
+    micro = select(batch, rows)
+    return _to(pack(micro) if padding_free else micro, device)
+
+
 def sample_advantages(
     samples: Sequence[Sample],
     batch: dict[str, torch.Tensor],
@@ -284,13 +322,46 @@ def progress_line(rec: dict[str, Any], steps: int) -> str:
 
 
 def forward(model, batch: dict[str, torch.Tensor], **extra):
-    """The model over a collated batch (left-padded prompts, so positions come from the mask)."""
+    """The model over a collated batch (left-padded prompts, so positions come from the mask), or
+    over a packed one (`pack`), with its sequence boundaries."""
+    if is_packed(batch):
+        cu, longest = batch["cu_seq_lens"], int(batch["max_length"])
+        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], cu_seq_lens_q=cu,
+                     cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest, use_cache=False, **extra)
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                  position_ids=batch["position_ids"], use_cache=False, **extra)
 
 
+def response_positions(tensor: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A model output [B, L, ...] at the positions that predict each response token: [B, R, ...]
+    in a padded batch; in a packed one [1, N, ...], the N real response tokens only, row by row
+    (`to_rows` puts per-token values back into [B, R]), so no head runs on padding columns."""
+    if is_packed(batch):
+        return tensor[0][batch["gather"][batch["response_mask"].bool()]][None]
+    r_len = batch["response_ids"].shape[1]
+    return tensor[:, -r_len - 1 : -1]
+
+
+def response_labels(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The response tokens in `response_positions`' layout."""
+    if is_packed(batch):
+        return batch["response_ids"][batch["response_mask"].bool()][None]
+    return batch["response_ids"]
+
+
+def to_rows(values: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Per-token values in `response_positions`' layout as [B, R], zeros past each response."""
+    if values is None or not is_packed(batch):
+        return values
+    mask = batch["response_mask"].bool()
+    return values.new_zeros(mask.shape).masked_scatter(mask, values[0])
+
+
 def response_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logits that predict each response token, [B, R, V]; only those rows go through lm_head."""
+    """Logits that predict each response token, in `response_positions`' layout; in a padded
+    batch only those rows go through lm_head (a packed row's responses are not one slice)."""
+    if is_packed(batch):
+        return response_positions(forward(model, batch).logits, batch)
     return forward(model, batch, logits_to_keep=batch["response_ids"].shape[1] + 1).logits[:, :-1]
 
 
@@ -311,14 +382,17 @@ def chunkable_head(model) -> torch.nn.Linear | None:
 
 
 def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module) -> torch.Tensor:
-    """The hidden states the LM head reads at the positions that predict each response token, [B, R, H].
+    """The hidden states the LM head reads at the positions that predict each response token, in
+    `response_positions`' layout ([B, R, H] padded).
 
     The full model runs (through its wrapper, if any) with a pre-hook on `head` that keeps the
     head's input and hands the head only the last position, so no [B, R, V] logits are made.
     That one position's logits are checked against `head` applied to the kept input: a model that
     transforms logits after its head (soft-capping, a logit scale) cannot be chunked this way.
     """
-    r_len = batch["response_ids"].shape[1]
+    # A packed row runs its head over every position (logits_to_keep 0) and gathers afterwards.
+    keep = 0 if is_packed(batch) else batch["response_ids"].shape[1] + 1
+    expected = batch["input_ids"].shape[1] if is_packed(batch) else keep
     kept = []
 
     def keep_input(module, args):
@@ -327,10 +401,10 @@ def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module
 
     handle = head.register_forward_pre_hook(keep_input)
     try:
-        out = forward(model, batch, logits_to_keep=r_len + 1)
+        out = forward(model, batch, logits_to_keep=keep)
     finally:
         handle.remove()
-    if len(kept) != 1 or kept[0].shape[1] != r_len + 1:
+    if len(kept) != 1 or kept[0].shape[1] != expected:
         raise RuntimeError("the model did not call its output embeddings once on the kept positions; "
                            "set rl.logprob_chunk_tokens: 0")
     hidden = kept[0]
@@ -340,7 +414,7 @@ def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module
         if mine.shape != theirs.shape or not torch.allclose(mine, theirs, rtol=1e-3, atol=1e-3):
             raise RuntimeError("the model's logits are not its output embeddings applied to its last hidden "
                                "state (soft-capping or scaling?); set rl.logprob_chunk_tokens: 0")
-    return hidden[:, :-1]
+    return response_positions(hidden, batch) if is_packed(batch) else hidden[:, :-1]
 
 
 def _note_unchunked(model) -> None:
@@ -363,16 +437,18 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
     head = chunkable_head(model) if chunk_tokens > 0 else None
     if head is None and chunk_tokens > 0:
         _note_unchunked(model)
+    labels = response_labels(batch)
     if head is None:
         with autocast():
             logits = response_logits(model, batch)
-        logp = token_logprobs(logits, batch["response_ids"], temperature)
+        logp = token_logprobs(logits, labels, temperature)
         if not with_entropy:
-            return logp, None
+            return to_rows(logp, batch), None
         with torch.no_grad():
             # Row by row: in the update the graph still holds these logits, and entropy's
             # temporaries would be several more [B, R, V] tensors beside them.
-            return logp, torch.cat([entropy_from_logits(row, temperature) for row in logits.detach().split(1)])
+            entropy = torch.cat([entropy_from_logits(row, temperature) for row in logits.detach().split(1)])
+        return to_rows(logp, batch), to_rows(entropy, batch)
     with autocast():
         hidden = response_hidden(model, batch, head)
 
@@ -382,7 +458,8 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
         with autocast():
             return head(h)
 
-    return chunked_token_logprobs(hidden, apply_head, batch["response_ids"], temperature, chunk_tokens, with_entropy)
+    logp, entropy = chunked_token_logprobs(hidden, apply_head, labels, temperature, chunk_tokens, with_entropy)
+    return to_rows(logp, batch), to_rows(entropy, batch)
 
 
 def old_logprobs_from_update(cfg: RLConfig, critic=None) -> bool:
@@ -410,11 +487,12 @@ def _to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def score(model, batch, micro_rows, temperature, device, with_entropy: bool, autocast, chunk_tokens: int = 0):
+def score(model, batch, micro_rows, temperature, device, with_entropy: bool, autocast, chunk_tokens: int = 0,
+          padding_free: bool = False):
     """No-grad log-probs (and entropies) of the response tokens, micro-batch by micro-batch."""
     logps, ents = [], []
     for rows in micro_rows:
-        micro = _to(select(batch, rows), device)
+        micro = micro_batch(batch, rows, device, padding_free)
         logp, entropy = response_logprobs(model, micro, temperature, chunk_tokens, with_entropy, autocast)
         logps.append(logp.cpu())
         if with_entropy:
@@ -428,29 +506,37 @@ def critic_values(critic, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     s_t is everything before token t, so V(s_t) is read at the position that *predicts* token t,
     the same alignment as response_logits (verl: values[:, -response_length - 1 : -1]).
     """
-    r_len = batch["response_ids"].shape[1]
-    out = forward(critic, batch)
-    return out.logits[:, -r_len - 1 : -1, 0].float()
+    return to_rows(response_positions(forward(critic, batch).logits[..., 0], batch), batch).float()
 
 
 @torch.no_grad()
-def score_values(critic, batch, micro_rows, device, autocast) -> torch.Tensor:
+def score_values(critic, batch, micro_rows, device, autocast, padding_free: bool = False) -> torch.Tensor:
     """No-grad critic values of the response tokens, micro-batch by micro-batch."""
     out = []
     for rows in micro_rows:
-        micro = _to(select(batch, rows), device)
+        micro = micro_batch(batch, rows, device, padding_free)
         with autocast():
             out.append(critic_values(critic, micro).cpu())
     return torch.cat(out)
 
 
-def _load_model(path, dtype):
+def _attention_kwargs(padding_free: bool) -> dict:
+    """`rl.padding_free`: attention per sequence over a packed row (ragrl.train.packed_attention);
+    anything else, the rollouts' cached decoding included, takes transformers' SDPA path unchanged."""
+    if not padding_free:
+        return {}
+    from ragrl.train import packed_attention
+
+    return {"attn_implementation": packed_attention.register()}
+
+
+def _load_model(path, dtype, padding_free: bool = False):
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_attention_kwargs(padding_free))
 
 
-def _load_critic(path, seed: int):
+def _load_critic(path, seed: int, padding_free: bool = False):
     """The value model: the policy's backbone with a one-output linear head per token, as verl's
     critic (AutoModelForTokenClassification, num_labels 1, no dropout).
 
@@ -470,7 +556,8 @@ def _load_critic(path, seed: int):
     config.classifier_dropout = 0.0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        critic = transformers.AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+        critic = transformers.AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
+                                                                              **_attention_kwargs(padding_free))
     # Loaded weights sit wherever the safetensors layout put them, a fresh head in a new (aligned)
     # allocation; CPU kernels can round differently on differently aligned memory (seen: values 1
     # ulp apart between a run and its resumption from the same weights). Fresh copies of every
@@ -587,12 +674,12 @@ def train_rl(
     accelerator.wait_for_everyone()
     resume_dir = ckpt.latest_checkpoint(out_dir)
 
-    policy = _load_model(resume_dir or policy_dir, torch.float32)
+    policy = _load_model(resume_dir or policy_dir, torch.float32, cfg.padding_free)
     pad_id = policy.config.pad_token_id if policy.config.pad_token_id is not None else 0
     ref = None
     if cfg.kl_coef != 0.0:
         ref_dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
-        ref = _load_model(ref_dir or policy_dir, ref_dtype).to(accelerator.device).eval().requires_grad_(False)
+        ref = _load_model(ref_dir or policy_dir, ref_dtype, cfg.padding_free).to(accelerator.device).eval().requires_grad_(False)
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     # Not passed to prepare(): accelerate would step it once per process per call, and DeepSpeed
@@ -607,7 +694,7 @@ def train_rl(
                                       "not under DeepSpeed")
         if resume_dir is not None and not (resume_dir / ckpt.CRITIC).is_dir():
             raise FileNotFoundError(f"{resume_dir} has no {ckpt.CRITIC}/: it was not written by an algorithm ppo run")
-        critic_model = _load_critic(resume_dir / ckpt.CRITIC if resume_dir else policy_dir, cfg.seed)
+        critic_model = _load_critic(resume_dir / ckpt.CRITIC if resume_dir else policy_dir, cfg.seed, cfg.padding_free)
         critic_optimizer = torch.optim.AdamW(critic_model.parameters(), lr=cfg.critic_lr,
                                              weight_decay=cfg.weight_decay)
         critic_scheduler = torch.optim.lr_scheduler.LambdaLR(critic_optimizer, _warmup(cfg.critic_warmup_steps))
@@ -689,11 +776,11 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     old_logp = entropy = None
     if not from_update:
         old_logp, entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy,
-                                  accelerator.autocast, cfg.logprob_chunk_tokens)
+                                  accelerator.autocast, cfg.logprob_chunk_tokens, cfg.padding_free)
     ref_logp = None
     if ref is not None:
         ref_logp, _ = score(ref, batch, score_rows, cfg.temperature, device, False, accelerator.autocast,
-                            cfg.logprob_chunk_tokens)
+                            cfg.logprob_chunk_tokens, cfg.padding_free)
     # The KL estimator used (in the reward or the loss) is also the one logged.
     kl = kl_per_token(old_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None and old_logp is not None else None
 
@@ -725,7 +812,7 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
         sums[f"stat:{key}"] = float(sum(float(s.stats.get(key, 0.0)) for s in samples))
     if critic is not None:
         critic[0].eval()
-        old_values = score_values(critic[0], batch, score_rows, device, accelerator.autocast)
+        old_values = score_values(critic[0], batch, score_rows, device, accelerator.autocast, cfg.padding_free)
         raw_advantages, returns = ppo_advantages(samples, batch, old_values, kl, cfg)
         sums.update(critic_sums(old_values, returns, mask))
         # Whitened with the statistics of the whole batch, pooled over processes, as verl whitens
@@ -772,7 +859,7 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     if from_update:
         if update_logp is None:  # no update ran: score the (unchanged) policy for the log
             update_logp, update_entropy = score(model, batch, score_rows, cfg.temperature, device, cfg.log_entropy,
-                                                accelerator.autocast, cfg.logprob_chunk_tokens)
+                                                accelerator.autocast, cfg.logprob_chunk_tokens, cfg.padding_free)
         kl = kl_per_token(update_logp, ref_logp, cfg.kl_estimator) if ref_logp is not None else None
         pooled.update(_pooled_sums(accelerator, logged_kl_entropy(kl, update_entropy, mask)))
     with warnings.catch_warnings():
@@ -840,7 +927,7 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
             mb_clip = 0.0
             for micro_pos in torch.arange(len(mini_rows)).tensor_split(n_micro):
                 rows = mini_rows[micro_pos]
-                micro = _to(select(batch, rows), device)
+                micro = micro_batch(batch, rows, device, cfg.padding_free)
                 with accelerator.accumulate(model):
                     logp, entropy = response_logprobs(model, micro, cfg.temperature, cfg.logprob_chunk_tokens,
                                                       own and cfg.log_entropy, accelerator.autocast)
@@ -908,7 +995,7 @@ def _critic_mini_batch(accelerator, critic, optimizer, cfg: RLConfig, batch, old
     total, clip_frac, grad_norm = 0.0, 0.0, None
     for micro_pos in torch.arange(len(mini_rows)).tensor_split(n_micro):
         rows = mini_rows[micro_pos]
-        micro = _to(select(batch, rows), device)
+        micro = micro_batch(batch, rows, device, cfg.padding_free)
         with accelerator.accumulate(critic):
             with accelerator.autocast():
                 vpreds = critic_values(critic, micro)

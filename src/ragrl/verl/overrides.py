@@ -32,6 +32,7 @@ cannot honour are refused with the reason instead of being dropped silently:
     mixed_precision          not mapped: verl's FSDP runs bf16 compute by default
     logprob_chunk_tokens     not mapped: a memory setting of the local trainer's log-prob passes;
                              verl sizes its own
+    padding_free             actor_rollout_ref.model.use_remove_padding (set when true)
 
 `recipes.X.rl.verl` (a mapping `verl.key: value`) is appended last and replaces a generated key
 of the same name: the escape hatch for GPU-specific knobs (tensor parallel size, memory
@@ -156,6 +157,8 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
         f"{actor}.kl_loss_coef": cfg.kl_coef,
         f"{actor}.kl_loss_type": "k3",
     }
+    if cfg.padding_free:
+        out["actor_rollout_ref.model.use_remove_padding"] = True
     if cfg.loss_agg == "dr_grpo":
         out[f"{actor}.loss_scale_factor"] = cfg.max_response_len or max_response
     if cfg.micro_batch_size is not None:
