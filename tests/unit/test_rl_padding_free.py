@@ -6,6 +6,7 @@ and a checkpoint written from a packed run loads as a plain model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,7 +20,7 @@ import transformers
 import rl_toy
 from ragrl.train import packed_attention
 from ragrl.train import rl as rl_mod
-from ragrl.train.rl import RLConfig, Sample, collate, critic_values, pack, train_rl
+from ragrl.train.rl import RLConfig, Sample, collate, critic_values, pack, response_logprobs, train_rl
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
@@ -76,13 +77,43 @@ def test_packed_logprobs_loss_and_gradients_equal_the_padded_batch(tied, chunk, 
     assert loss.abs() > 1e-3 and grads["model.layers.0.self_attn.q_proj.weight"].abs().sum() > 0
 
 
-def test_packed_critic_values_equal_the_padded_batch():
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_packed_entropy_equals_the_padded_batch(chunk):
+    model = rl_toy.tiny_qwen2(True, attn=packed_attention.register()).eval()
+    batch = collate(_samples(), pad_id=0)
+    with torch.no_grad():
+        want = response_logprobs(model, batch, 1.3, chunk, True, contextlib.nullcontext)
+        got = response_logprobs(model, pack(batch), 1.3, chunk, True, contextlib.nullcontext)
+    mask = batch["response_mask"].bool()
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g[mask], w[mask], rtol=0, atol=1e-5)
+        assert (g[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("chunk", [0, 7])
+def test_a_micro_batch_of_empty_responses_backpropagates_zeros(chunk):
+    # A prompt that fills the context leaves its samples without a response; a packed micro-batch
+    # of only such rows has no response position at all, and its loss must still backpropagate.
+    model = rl_toy.tiny_qwen2(True, attn=packed_attention.register()).train()
+    samples = [dataclasses.replace(s, response_ids=[], loss_mask=[], turn_index=[]) for s in _samples()[:2]]
+    logp, loss, grads = rl_toy.logp_loss_grads(model, pack(collate(samples, pad_id=0)), chunk)
+    assert logp.shape == (2, 1) and (logp == 0).all() and float(loss) == 0.0
+    assert all((g == 0).all() for g in grads.values())
+
+
+def test_packed_critic_values_equal_the_padded_batch(monkeypatch):
     critic = rl_toy.tiny_qwen2(False, attn=packed_attention.register(), cls=transformers.Qwen2ForTokenClassification,
                                num_labels=1).eval()
     batch = collate(_samples(), pad_id=0)
+    calls = []
+    real = packed_attention.packed_bounds
+    monkeypatch.setattr(packed_attention, "packed_bounds", lambda *a: calls.append(b := real(*a)) or b)
     with torch.no_grad():
         want = critic_values(critic, batch)
+        assert calls == [None, None]  # the padded batch: transformers' SDPA
         got = critic_values(critic, pack(batch))
+    assert calls[2:] == [[0, 9, 16, 22, 26, 32]] * 2  # the value model attended per sequence too
     mask = batch["response_mask"].bool()
     assert got.shape == want.shape
     torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-5)

@@ -82,9 +82,10 @@ def chunked_token_logprobs(
             if with_entropy:
                 ents.append(entropy_from_logits(logits, temperature))
             del logits
-    if not logps:  # no positions at all (B or T is 0)
-        empty = hidden.new_zeros((rows, width), dtype=torch.float32)
-        return empty, (empty.clone() if with_entropy else None)
+    if not logps:  # no positions at all (B or T is 0: a packed micro-batch of empty responses)
+        # Still in the graph (through `hidden`), so a loss made of it backpropagates zeros.
+        empty = hidden.new_zeros((rows, width), dtype=torch.float32) + hidden.sum().float() * 0
+        return empty, (empty.detach().clone() if with_entropy else None)
     logp = torch.cat(logps).reshape(rows, width)
     return logp, (torch.cat(ents).reshape(rows, width) if with_entropy else None)
 

@@ -1,4 +1,4 @@
-"""Attention over a padding-free row one sequence at a time (`sft.padding_free`).
+"""Attention over a padding-free row one sequence at a time (`sft.padding_free`, `rl.padding_free`).
 
 TRL's padding-free collator joins a batch's sequences into one row and passes their boundaries
 (`cu_seq_lens_q` / `cu_seq_lens_k`, the varlen kernels' arguments) along with position ids that

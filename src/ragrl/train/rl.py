@@ -161,9 +161,10 @@ def pack(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
     Each sample's prompt and response, without padding, one after another; position ids restart
     at every sample and `cu_seq_lens` marks the boundaries, as TRL's padding-free collator hands
-    them to the varlen kernels (ragrl.train.packed_attention on CPU). `gather` [B, R] indexes the
-    packed position that predicts each response column, so the response tensors keep the padded
-    batch's [B, R] layout; columns past a response's end point at its last token and are masked.
+    them to the varlen kernels (ragrl.train.packed_attention attends them one sequence at a time).
+    `gather` [B, R] indexes the packed position that predicts each response column, so the
+    response tensors keep the padded batch's [B, R] layout; columns past a response's end point at
+    its last token and are masked.
     """
     attention = batch["attention_mask"].bool()
     lengths = attention.sum(-1)
@@ -358,10 +359,10 @@ def to_rows(values: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> torc
 
 
 def response_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logits that predict each response token, in `response_positions`' layout; in a padded
-    batch only those rows go through lm_head (a packed row's responses are not one slice)."""
+    """Logits that predict each response token, in `response_positions`' layout; only those
+    positions go through lm_head (a packed row's as a 1-D index: its responses are not one slice)."""
     if is_packed(batch):
-        return response_positions(forward(model, batch).logits, batch)
+        return forward(model, batch, logits_to_keep=batch["gather"][batch["response_mask"].bool()]).logits
     return forward(model, batch, logits_to_keep=batch["response_ids"].shape[1] + 1).logits[:, :-1]
 
 
@@ -445,9 +446,11 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
         if not with_entropy:
             return to_rows(logp, batch), None
         with torch.no_grad():
-            # Row by row: in the update the graph still holds these logits, and entropy's
-            # temporaries would be several more [B, R, V] tensors beside them.
-            entropy = torch.cat([entropy_from_logits(row, temperature) for row in logits.detach().split(1)])
+            # A row's worth at a time: in the update the graph still holds these logits, and
+            # entropy's temporaries would be several more tensors of their size beside them.
+            dim = 1 if is_packed(batch) else 0
+            pieces = logits.detach().split(batch["response_ids"].shape[1] if dim else 1, dim=dim)
+            entropy = torch.cat([entropy_from_logits(p, temperature) for p in pieces], dim=dim)
         return to_rows(logp, batch), to_rows(entropy, batch)
     with autocast():
         hidden = response_hidden(model, batch, head)
