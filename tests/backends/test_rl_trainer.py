@@ -328,3 +328,24 @@ def test_deepspeed_zero2_two_cpu_processes(toy, tmp_path):
     assert "at step 3" in run.stderr
     assert [r["step"] for r in _log(out)] == [1, 2, 3, 4]
     assert json.loads((out / "final" / ckpt.TRAINER_STATE).read_text())["step"] == 4
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_padding_free_logs_what_padded_batches_log(toy, tmp_path):
+    # rl.padding_free under the engine's wrapper: the packed row's boundaries reach the attention
+    # through DeepSpeed's forward on both ranks, and the update is the padded one's.
+    model_dir, _, _ = toy
+    cfg = {"steps": 2, "batch_prompts": 4, "group_size": 4, "lr": 3e-3, "kl_coef": 0.05, "checkpoint_every": 2,
+           "seed": 0}
+    logs = {}
+    for padding_free in (False, True):
+        out = tmp_path / f"ds-{padding_free}"
+        run = _launch(model_dir, out, MANY_TARGETS, {**cfg, "padding_free": padding_free})
+        assert run.returncode == 0, run.stderr[-4000:]
+        assert ("rl.padding_free: each micro-batch goes in as one unpadded row" in run.stderr) == padding_free
+        logs[padding_free] = _log(out)
+    for want, got in zip(logs[False], logs[True], strict=True):
+        assert want["response_length"] == got["response_length"] and want["reward_mean"] == got["reward_mean"]
+        for key in ("loss", "kl", "grad_norm", "entropy"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (want["step"], key)
+    assert logs[False][0]["grad_norm"] > 1e-3 and logs[False][1]["kl"] > 1e-5  # real updates were compared

@@ -192,7 +192,10 @@ def is_packed(batch: dict[str, torch.Tensor]) -> bool:
 def micro_batch(batch: dict[str, torch.Tensor], rows, device, padding_free: bool) -> dict[str, torch.Tensor]:
     """The rows of a micro-batch on `device`: padded, or packed into one row."""
     micro = select(batch, rows)
-    return _to(pack(micro) if padding_free else micro, device)
+    if not padding_free:
+        return _to(micro, device)
+    note_once("padding_free", "[rl] rl.padding_free: each micro-batch goes in as one unpadded row, attended per sequence")
+    return _to(pack(micro), device)
 
 
 def sample_advantages(
