@@ -85,3 +85,27 @@ def test_anything_else_is_sdpa_as_is(case, monkeypatch):
     want = {"dropout": 0.0, "scaling": None, "is_causal": is_causal, **kwargs}
     assert passed.keys() == want.keys()
     assert all(passed[key] is want[key] if torch.is_tensor(want[key]) else passed[key] == want[key] for key in want)
+
+
+@pytest.mark.parametrize("case", ["sliding window", "soft-capping", "bidirectional (argument)", "bounds short of the row"])
+def test_a_packed_row_without_a_mask_that_cannot_go_per_sequence_is_refused(case):
+    # rl.padding_free hands a packed row over with no mask: SDPA's causal path would attend across
+    # the joins, so an attention the per-sequence path cannot do is an error, not a silent leak.
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    q, k, v = _qkv()
+    kwargs = {"cu_seq_lens_q": _cu(), "cu_seq_lens_k": _cu()}
+    is_causal = None
+    if case == "sliding window":
+        kwargs["sliding_window"] = 4
+    elif case == "soft-capping":
+        kwargs["softcap"] = 30.0
+    elif case == "bidirectional (argument)":
+        is_causal = False
+    else:
+        kwargs = {"cu_seq_lens_q": _cu([3, 7]), "cu_seq_lens_k": _cu([3, 7])}
+    with pytest.raises(RuntimeError, match="padding_free: false"):
+        packed_sdpa_attention(module, q, k, v, None, is_causal=is_causal, **kwargs)
+    # One sequence alone has no join to leak across: SDPA's causal path is the per-sequence one.
+    one = {"cu_seq_lens_q": _cu([16]), "cu_seq_lens_k": _cu([16])}
+    got, _ = packed_sdpa_attention(module, q, k, v, None, is_causal=True, sliding_window=None, **one)
+    assert got.shape == (1, 16, 4, 8)

@@ -77,6 +77,25 @@ def test_packed_logprobs_loss_and_gradients_equal_the_padded_batch(tied, chunk, 
     assert loss.abs() > 1e-3 and grads["model.layers.0.self_attn.q_proj.weight"].abs().sum() > 0
 
 
+def test_a_packed_forward_builds_no_attention_mask(monkeypatch):
+    # transformers would read the packing off the position ids and build an L x L block mask that
+    # the per-sequence attention never reads (half of a forward's time at the toy's sizes).
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    name = packed_attention.register()
+    masks = []
+    real = ALL_MASK_ATTENTION_FUNCTIONS[name]
+    monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, name,
+                        lambda *a, **k: masks.append(m := real(*a, **k)) or m)
+    model = rl_toy.tiny_qwen2(True, attn=name).eval()
+    batch = collate(_samples(), pad_id=0)
+    with torch.no_grad():
+        response_logprobs(model, batch, 1.0, 0, False, contextlib.nullcontext)
+        assert len(masks) == 1 and masks[0] is not None  # the padded batch needs its padding mask
+        response_logprobs(model, pack(batch), 1.0, 0, False, contextlib.nullcontext)
+    assert len(masks) == 2 and masks[1] is None
+
+
 @pytest.mark.parametrize("chunk", [0, 7])
 def test_packed_entropy_equals_the_padded_batch(chunk):
     model = rl_toy.tiny_qwen2(True, attn=packed_attention.register()).eval()

@@ -31,6 +31,13 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     bounds = packed_bounds(module, query, key, is_causal, kwargs)
+    if bounds is None and attention_mask is None and _several_sequences(query, key, kwargs):
+        # A packed row that came with no mask (rl.padding_free skips transformers' L x L mask, which
+        # only this function's per-sequence path can do without): SDPA's causal path would attend
+        # across the joins.
+        raise RuntimeError("a packed row of several sequences reached attention without a mask, and this attention "
+                           "(a sliding window, soft-capping, sinks, a position bias or bidirectional) cannot be split "
+                           "per sequence: set rl.padding_free: false")
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -43,6 +50,11 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
         for s, e in zip(bounds[:-1], bounds[1:])
     ], dim=2)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _several_sequences(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
+    cu = kwargs.get("cu_seq_lens_q")
+    return cu is not None and cu.numel() > 2 and query.shape[0] == 1 and query.shape[2] == key.shape[2]
 
 
 def packed_bounds(module, query: torch.Tensor, key: torch.Tensor, is_causal, kwargs: dict) -> list[int] | None:
