@@ -162,25 +162,22 @@ def pack(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     Each sample's prompt and response, without padding, one after another; position ids restart
     at every sample and `cu_seq_lens` marks the boundaries, as TRL's padding-free collator hands
     them to the varlen kernels (ragrl.train.packed_attention attends them one sequence at a time).
-    `gather` [B, R] indexes the packed position that predicts each response column, so the
-    response tensors keep the padded batch's [B, R] layout; columns past a response's end point at
-    its last token and are masked.
+    `positions` [N] are the packed positions that predict the N real response tokens, row by row
+    (the order of `batch["response_mask"]`'s ones); the response tensors keep the padded batch's
+    [B, R] layout.
     """
     attention = batch["attention_mask"].bool()
     lengths = attention.sum(-1)
     ends = lengths.cumsum(0)
-    starts = ends - lengths
-    r_len = batch["response_ids"].shape[1]
-    prompt_lens = lengths - batch["response_mask"].sum(-1).long()
-    columns = torch.arange(r_len)[None]
-    gather = torch.minimum(starts[:, None] + prompt_lens[:, None] + columns - 1, ends[:, None] - 1)
+    prompt_ends = ends - batch["response_mask"].sum(-1).long()  # one past each prompt's last token
+    columns = torch.arange(batch["response_ids"].shape[1])[None]
     cu = torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(torch.int32)
     return {
         "input_ids": batch["input_ids"][attention][None],
         "position_ids": torch.cat([torch.arange(int(n)) for n in lengths])[None],
         "cu_seq_lens": cu,
         "max_length": lengths.max().reshape(1),
-        "gather": gather,
+        "positions": (prompt_ends[:, None] + columns - 1)[batch["response_mask"].bool()],
         **{k: batch[k] for k in ("response_ids", "loss_mask", "response_mask", "turn_index") if k in batch},
     }
 
@@ -346,7 +343,7 @@ def response_positions(tensor: torch.Tensor, batch: dict[str, torch.Tensor]) -> 
     in a padded batch; in a packed one [1, N, ...], the N real response tokens only, row by row
     (`to_rows` puts per-token values back into [B, R]), so no head runs on padding columns."""
     if is_packed(batch):
-        return tensor[0][batch["gather"][batch["response_mask"].bool()]][None]
+        return tensor[:, batch["positions"]]
     r_len = batch["response_ids"].shape[1]
     return tensor[:, -r_len - 1 : -1]
 
@@ -370,7 +367,7 @@ def response_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Logits that predict each response token, in `response_positions`' layout; only those
     positions go through lm_head (a packed row's as a 1-D index: its responses are not one slice)."""
     if is_packed(batch):
-        return forward(model, batch, logits_to_keep=batch["gather"][batch["response_mask"].bool()]).logits
+        return forward(model, batch, logits_to_keep=batch["positions"]).logits
     return forward(model, batch, logits_to_keep=batch["response_ids"].shape[1] + 1).logits[:, :-1]
 
 
@@ -399,9 +396,9 @@ def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module
     That one position's logits are checked against `head` applied to the kept input: a model that
     transforms logits after its head (soft-capping, a logit scale) cannot be chunked this way.
     """
-    # A packed row runs its head over every position (logits_to_keep 0) and gathers afterwards.
-    keep = 0 if is_packed(batch) else batch["response_ids"].shape[1] + 1
-    expected = batch["input_ids"].shape[1] if is_packed(batch) else keep
+    # A packed row keeps its response positions by index (its responses are not one slice).
+    keep = batch["positions"] if is_packed(batch) else batch["response_ids"].shape[1] + 1
+    expected = len(keep) if is_packed(batch) else keep
     kept = []
 
     def keep_input(module, args):
@@ -423,7 +420,7 @@ def response_hidden(model, batch: dict[str, torch.Tensor], head: torch.nn.Module
         if mine.shape != theirs.shape or not torch.allclose(mine, theirs, rtol=1e-3, atol=1e-3):
             raise RuntimeError("the model's logits are not its output embeddings applied to its last hidden "
                                "state (soft-capping or scaling?); set rl.logprob_chunk_tokens: 0")
-    return response_positions(hidden, batch) if is_packed(batch) else hidden[:, :-1]
+    return hidden if is_packed(batch) else hidden[:, :-1]
 
 
 def _note_unchunked(model) -> None:
