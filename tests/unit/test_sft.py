@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import transformers
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from replay import SegmentGenerator
 
@@ -369,13 +370,16 @@ def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_pat
     lengths = [len(r["input_ids"]) for r in rows]
     assert len(set(lengths)) > 1  # uneven rows, or padding would be nothing to remove
     batches = [padded.data_collator(rows), joined.data_collator(rows)]
-    assert batches[1]["input_ids"].shape == (1, sum(lengths)) and "attention_mask" not in batches[1]
-    # The joined row attends one sequence at a time (ragrl.train.packed_attention), not under a
-    # block mask over the whole row.
+    assert batches[1]["input_ids"].shape == (1, sum(lengths)) and batches[1]["attention_mask"].all()
+    # The joined row attends one sequence at a time (ragrl.train.packed_attention), and transformers
+    # builds no block mask over the whole row for it (its all-ones mask says so).
     assert joined.model.config._attn_implementation == packed_attention.NAME
-    spans = []
+    spans, masks = [], []
     real_bounds = packed_attention.packed_bounds
     monkeypatch.setattr(packed_attention, "packed_bounds", lambda *a: spans.append(real_bounds(*a)) or spans[-1])
+    real_mask = ALL_MASK_ATTENTION_FUNCTIONS[packed_attention.NAME]
+    monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, packed_attention.NAME,
+                        lambda *a, **k: masks.append(m := real_mask(*a, **k)) or m)
     results = []
     for trainer, batch in zip((padded, joined), batches):
         model = trainer.model.train()
@@ -394,6 +398,7 @@ def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_pat
         assert metrics_j["num_tokens"] == metrics_p["num_tokens"] == sum(lengths)
     bounds = [0, *itertools.accumulate(lengths)]
     assert spans == [bounds] * joined.model.config.num_hidden_layers  # every layer of the joined row, none of the padded batch
+    assert masks == [None]
 
 
 def test_padding_free_checkpoint_does_not_name_the_training_attention(tiny, gold_parquet, tmp_path):

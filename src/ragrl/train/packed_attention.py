@@ -32,12 +32,12 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
 
     bounds = packed_bounds(module, query, key, is_causal, kwargs)
     if bounds is None and attention_mask is None and _several_sequences(query, key, kwargs):
-        # A packed row that came with no mask (rl.padding_free skips transformers' L x L mask, which
+        # A packed row that came with no mask (padding-free SFT and RL skip transformers' L x L mask, which
         # only this function's per-sequence path can do without): SDPA's causal path would attend
         # across the joins.
         raise RuntimeError("a packed row of several sequences reached attention without a mask, and this attention "
                            "(a sliding window, soft-capping, sinks, a position bias or bidirectional) cannot be split "
-                           "per sequence: set rl.padding_free: false")
+                           "per sequence: set sft.padding_free and rl.padding_free to false")
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

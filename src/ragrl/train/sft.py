@@ -139,7 +139,7 @@ def _full_logits_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             mode = "train" if self.model.training else "eval"
             model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
-            if right_padded(model_inputs.get("attention_mask")):
+            if "cu_seq_lens_q" not in model_inputs and right_padded(model_inputs.get("attention_mask")):
                 # Causal attention alone gives every real token the same context (its padding
                 # comes after it), and lets SDPA skip the masked half instead of reading a mask.
                 del model_inputs["attention_mask"]
@@ -155,7 +155,7 @@ def _full_logits_trainer_class():
                 correct = gather((logp.argmax(-1) == target).sum()).sum()
                 self._metrics[mode]["entropy"].append((entropy / n).item() if n > 0 else 0.0)
                 self._metrics[mode]["mean_token_accuracy"].append((correct / n).item() if n > 0 else 0.0)
-                if mode == "train":  # a padding-free row has no padding and no attention mask
+                if mode == "train":  # a padding-free row has no padding
                     mask = inputs.get("attention_mask")
                     tokens = mask.sum() if mask is not None else torch.tensor(inputs["input_ids"].numel())
                     self._total_train_tokens += gather(tokens).sum().item()
@@ -182,8 +182,27 @@ def build_trainer(model_dir: str | Path, data_parquet: str | Path, output_dir: s
         processing_class=tokenizer,
         peft_config=lora_config(args) if args.lora else None,
     )
+    if args.padding_free:
+        trainer.data_collator = with_packed_mask(trainer.data_collator)
     _install_log_lines(trainer)
     return trainer
+
+
+def with_packed_mask(collate):
+    """TRL's padding-free collator with an all-ones attention mask on its packed rows.
+
+    Without a mask, transformers reads the packing off the position ids and builds an L x L block
+    mask that the per-sequence attention (ragrl.train.packed_attention) never reads; an all-ones
+    mask lets it skip that (RL does the same, `rl.padding_free`). The row's `cu_seq_lens` still
+    mark the sequences, and the loss and token counts are unchanged."""
+
+    def collate_with_mask(features):
+        batch = collate(features)
+        if "cu_seq_lens_q" in batch and "attention_mask" not in batch:
+            batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        return batch
+
+    return collate_with_mask
 
 
 def train_sft(model_dir: str | Path, data_parquet: str | Path, out_dir: str | Path, args: SFTArgs = SFTArgs()) -> Path:
