@@ -94,6 +94,35 @@ def test_pool_scores_are_faiss_scores_on_a_flat_index(built, policy):
     assert step.order == [0, 1, 2]  # deterministic top-k keeps FAISS's ranking
 
 
+def test_a_repeated_state_is_encoded_once_with_the_same_vector_and_gradient(built, policy):
+    # HARR's G rollouts of a question share their first state: the copies go through the encoder
+    # once, and the vectors and the gradient are what encoding every copy gives.
+    states = [STATES[0], STATES[1], STATES[0], STATES[0], STATES[2]]
+    seen: list[int] = []
+    hook = policy.st.register_forward_pre_hook(lambda module, args: seen.append(len(args[0]["input_ids"])))
+    try:
+        out = policy(states)
+    finally:
+        hook.remove()
+    assert sum(seen) == 3
+    copies = torch.cat([policy([s]) for s in states]).detach()
+    torch.testing.assert_close(out.detach(), copies, rtol=0, atol=0)
+
+    # A loss that weighs each copy differently, through the batch and one copy at a time.
+    weights = torch.arange(1.0, len(states) + 1)[:, None]
+    policy.zero_grad(set_to_none=True)
+    (policy(states) * weights).sum().backward()
+    deduped = [p.grad.clone() for p in policy.trainable_parameters() if p.grad is not None]
+    policy.zero_grad(set_to_none=True)
+    for s, w in zip(states, weights):
+        (policy([s]) * w).sum().backward()
+    summed = [p.grad.clone() for p in policy.trainable_parameters() if p.grad is not None]
+    policy.zero_grad(set_to_none=True)
+    assert len(deduped) == len(summed) > 0
+    for a, b in zip(deduped, summed):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_untrained_lora_policy_is_the_frozen_encoder(built, policy):
     frozen = built[0].encode_queries(STATES)
     np.testing.assert_allclose(policy.encode(STATES).numpy(), frozen, atol=1e-5)

@@ -475,6 +475,24 @@ def test_hf_backend_left_padding_matches_unbatched_greedy(tiny):
     assert batched == single
 
 
+def test_greedy_decodes_a_repeated_prompt_once(tiny):
+    # HARR's G rollouts of a question share their first turn: the copies must not each be decoded,
+    # and each must get what decoding it alone gives, under its own budget.
+    tok, hf = tiny.tok, tiny.hf
+    a, b = encode_text(tok, "In what year was the company founded?"), encode_text(tok, "Velmar")
+    prompts, limits = [a, b, a, a, b, a], [8, 8, 8, 3, 8, 8]
+    rows: list[int] = []
+    hook = hf.model.register_forward_pre_hook(lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]),
+                                              with_kwargs=True)
+    try:
+        out = hf.generate(prompts, limits, temperature=0)
+    finally:
+        hook.remove()
+    assert rows[0] == 3  # (a, 8), (b, 8) and (a, 3)
+    assert out == [hf.generate([p], lim, temperature=0)[0] for p, lim in zip(prompts, limits)]
+    assert len(out[3]) <= 3 and out[0] is not out[2]  # copies, not one shared list
+
+
 @pytest.mark.slow
 def test_hf_backend_growing_cache_generates_what_transformers_cache_does(tiny, monkeypatch):
     # The in-place KV cache must not change a single token: greedy and seeded sampling, rows of

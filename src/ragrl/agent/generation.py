@@ -253,6 +253,16 @@ class HFGenerator:
     def generate(self, batch_token_ids, max_new_tokens, temperature=1.0, top_p=1.0, seed=None, *,
                  stop_token_ids=(), stop_strings=()) -> list[list[int]]:
         limits = row_limits(max_new_tokens, len(batch_token_ids))
+        if temperature <= 0:
+            # Greedy rows with the same prompt and budget decode to the same tokens: decode each once
+            # (HARR's G rollouts of a question share their first turn).
+            keys = [(tuple(p), lim) for p, lim in zip(batch_token_ids, limits)]
+            distinct = list(dict.fromkeys(keys))
+            if len(distinct) < len(keys):
+                new = self.generate([list(p) for p, _ in distinct], [lim for _, lim in distinct], temperature,
+                                    top_p, seed, stop_token_ids=stop_token_ids, stop_strings=stop_strings)
+                at = dict(zip(distinct, new))
+                return [list(at[k]) for k in keys]
         stops = tuple(dict.fromkeys([*stop_token_ids, *self.eos_ids]))
         out: list[list[int]] = [[] for _ in batch_token_ids]
         rows = [i for i, lim in enumerate(limits) if lim > 0]

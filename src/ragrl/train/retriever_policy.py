@@ -101,9 +101,17 @@ class QueryEncoderPolicy(torch.nn.Module):
         PAD_BUCKET), never to the longest text of the batch: with batch-dependent padding the same
         state came out 1e-7 different in two batches, 4e-6 in a log-prob at alpha 0.05, and the
         rollout's old log-prob would no longer be exactly what the update recomputes.
+
+        A text given several times is encoded once: HARR's G rollouts of a question share their
+        first state (the generator decodes greedily), which made 64 of a step's ~100 states 8
+        copies each. Since a row's vector does not depend on its batch, this changes no value.
         """
         if not texts:
             return torch.zeros((0, self.dim), device=self.device_name)
+        distinct = list(dict.fromkeys(texts))
+        if len(distinct) < len(texts):
+            at = {t: i for i, t in enumerate(distinct)}
+            return self.forward(distinct)[torch.tensor([at[t] for t in texts], device=self.device_name)]
         tokenizer = self.st.tokenizer
         limit = int(self.st.max_seq_length)
         prefixed = [self.query_prefix + t for t in texts]
