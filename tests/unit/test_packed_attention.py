@@ -103,7 +103,7 @@ def test_a_packed_row_without_a_mask_that_cannot_go_per_sequence_is_refused(case
         is_causal = False
     else:
         kwargs = {"cu_seq_lens_q": _cu([3, 7]), "cu_seq_lens_k": _cu([3, 7])}
-    with pytest.raises(RuntimeError, match="padding_free: false"):
+    with pytest.raises(RuntimeError, match="sft.padding_free and rl.padding_free to false"):
         packed_sdpa_attention(module, q, k, v, None, is_causal=is_causal, **kwargs)
     # One sequence alone has no join to leak across: SDPA's causal path is the per-sequence one.
     one = {"cu_seq_lens_q": _cu([16]), "cu_seq_lens_k": _cu([16])}
