@@ -11,7 +11,7 @@ import torch
 from transformers.integrations import sdpa_attention as sdpa_module
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ragrl.train.packed_attention import packed_bounds, packed_sdpa_attention
+from ragrl.train.packed_attention import attends_per_sequence, packed_bounds, packed_sdpa_attention
 
 LENGTHS = [3, 7, 1, 5]
 
@@ -87,10 +87,12 @@ def test_anything_else_is_sdpa_as_is(case, monkeypatch):
     assert all(passed[key] is want[key] if torch.is_tensor(want[key]) else passed[key] == want[key] for key in want)
 
 
+@pytest.mark.parametrize("mask", ["none", "causal"])
 @pytest.mark.parametrize("case", ["sliding window", "soft-capping", "bidirectional (argument)", "bounds short of the row"])
-def test_a_packed_row_without_a_mask_that_cannot_go_per_sequence_is_refused(case):
-    # rl.padding_free hands a packed row over with no mask: SDPA's causal path would attend across
-    # the joins, so an attention the per-sequence path cannot do is an error, not a silent leak.
+def test_a_packed_row_without_a_mask_that_cannot_go_per_sequence_is_refused(case, mask):
+    # A packed row with no mask, or a mask that ignores the packing (what transformers builds from an
+    # all-ones one): SDPA's own path would attend across the joins, so an attention the per-sequence
+    # path cannot do is an error, not a silent leak.
     module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
     q, k, v = _qkv()
     kwargs = {"cu_seq_lens_q": _cu(), "cu_seq_lens_k": _cu()}
@@ -103,9 +105,26 @@ def test_a_packed_row_without_a_mask_that_cannot_go_per_sequence_is_refused(case
         is_causal = False
     else:
         kwargs = {"cu_seq_lens_q": _cu([3, 7]), "cu_seq_lens_k": _cu([3, 7])}
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()[None, None]
     with pytest.raises(RuntimeError, match="sft.padding_free and rl.padding_free to false"):
-        packed_sdpa_attention(module, q, k, v, None, is_causal=is_causal, **kwargs)
+        packed_sdpa_attention(module, q, k, v, None if mask == "none" else causal, is_causal=is_causal, **kwargs)
     # One sequence alone has no join to leak across: SDPA's causal path is the per-sequence one.
     one = {"cu_seq_lens_q": _cu([16]), "cu_seq_lens_k": _cu([16])}
     got, _ = packed_sdpa_attention(module, q, k, v, None, is_causal=True, sliding_window=None, **one)
     assert got.shape == (1, 16, 4, 8)
+
+
+@pytest.mark.parametrize("name, settings, plain", [
+    ("qwen2", {}, True),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}, False),
+    ("llama", {}, True),
+    ("mistral", {"sliding_window": 4096}, False),
+    ("gemma2", {}, False),
+])
+def test_only_a_model_whose_every_layer_attends_per_sequence_skips_the_block_mask(name, settings, plain):
+    # A sliding-window or soft-capped layer cannot go per sequence; given an all-ones mask it would
+    # attend across the joins, so such a model keeps transformers' block mask.
+    import transformers
+
+    config = transformers.AutoConfig.for_model(name, num_hidden_layers=2, **settings)
+    assert attends_per_sequence(config) is plain

@@ -97,6 +97,20 @@ def test_a_packed_forward_builds_no_attention_mask(monkeypatch):
     assert len(masks) == 2 and masks[1] is None
 
 
+def test_a_sliding_window_model_keeps_its_packed_sequences_apart():
+    # Its layers cannot attend per sequence: given an all-ones mask, transformers' sliding mask would
+    # let each sample's first tokens see the end of the sample before it (log-probs 0.1 off).
+    model = rl_toy.tiny_qwen2(True, attn=packed_attention.register(), use_sliding_window=True, sliding_window=4,
+                              max_window_layers=0).eval()
+    assert model.config.layer_types == ["sliding_attention"] * 2
+    batch = collate(_samples(), pad_id=0)
+    with torch.no_grad():
+        want, _ = response_logprobs(model, batch, 1.0, 0, False, contextlib.nullcontext)
+        got, _ = response_logprobs(model, pack(batch), 1.0, 0, False, contextlib.nullcontext)
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("chunk", [0, 7])
 def test_packed_entropy_equals_the_padded_batch(chunk):
     model = rl_toy.tiny_qwen2(True, attn=packed_attention.register()).eval()

@@ -401,6 +401,28 @@ def test_padding_free_rows_train_as_the_padded_batch(tiny, gold_parquet, tmp_pat
     assert masks == [None]
 
 
+def test_padding_free_rows_of_a_sliding_window_model_keep_the_block_mask(tiny, gold_parquet, tmp_path):
+    # Its layers cannot attend per sequence: an all-ones mask would let them attend across the joins,
+    # so its joined rows go in without one and transformers builds the block mask.
+    import shutil
+
+    model_dir = tmp_path / "sliding"
+    shutil.copytree(tiny.model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("layer_types", None)
+    config.update(use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    padded = build_trainer(model_dir, gold_parquet, tmp_path / "p", SFTArgs(max_steps=1, batch_size=4))
+    joined = build_trainer(model_dir, gold_parquet, tmp_path / "j", SFTArgs(max_steps=1, batch_size=4, padding_free=True))
+    assert joined.model.config.layer_types == ["sliding_attention"] * joined.model.config.num_hidden_layers
+    rows = [padded.train_dataset[i] for i in range(4)]
+    batches = [padded.data_collator(rows), joined.data_collator(rows)]
+    assert "attention_mask" not in batches[1]
+    losses = [trainer.compute_loss(trainer.model.eval(), dict(batch)).item()
+              for trainer, batch in zip((padded, joined), batches)]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
 def test_padding_free_checkpoint_does_not_name_the_training_attention(tiny, gold_parquet, tmp_path):
     # The per-sequence attention is registered only in the SFT process: a checkpoint naming it
     # would not load in evaluation, vLLM or a user's own script.

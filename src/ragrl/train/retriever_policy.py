@@ -104,7 +104,8 @@ class QueryEncoderPolicy(torch.nn.Module):
 
         A text given several times is encoded once: HARR's G rollouts of a question share their
         first state (the generator decodes greedily), which made 64 of a step's ~100 states 8
-        copies each. Since a row's vector does not depend on its batch, this changes no value.
+        copies each. Since a row's vector does not depend on its batch, this changes no vector; the
+        gradients sum the copies before the encoder's backward, so they differ in float rounding only.
         """
         if not texts:
             return torch.zeros((0, self.dim), device=self.device_name)

@@ -54,6 +54,7 @@ from ragrl.train.losses import (
     token_logprobs,
     value_loss,
 )
+from ragrl.train.packed_attention import attends_per_sequence
 
 LOG_NAME = "train_log.jsonl"
 
@@ -322,16 +323,24 @@ def progress_line(rec: dict[str, Any], steps: int) -> str:
 # --- model plumbing ----------------------------------------------------------------------------
 
 
+def _config(model):
+    """The model's own config under DeepSpeed's engine or DDP (the engine's `config` is DeepSpeed's)."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model.config
+
+
 def forward(model, batch: dict[str, torch.Tensor], **extra):
     """The model over a collated batch (left-padded prompts, so positions come from the mask), or
     over a packed one (`pack`), with its sequence boundaries."""
     if is_packed(batch):
         cu, longest = batch["cu_seq_lens"], int(batch["max_length"])
-        # An all-ones mask: without one, transformers reads the packing off the position ids and builds
-        # an L x L block mask (half of a forward's time at the toy's 14k-token rows) that the
-        # per-sequence attention never reads; with it, SDPA's mask is skipped (packed_attention refuses
-        # an attention it cannot split per sequence).
-        return model(input_ids=batch["input_ids"], attention_mask=torch.ones_like(batch["input_ids"]),
+        # An all-ones mask where every layer attends per sequence: without one, transformers reads the
+        # packing off the position ids and builds an L x L block mask (half of a forward's time at the
+        # toy's 14k-token rows) that the per-sequence attention never reads. A model with sliding-window
+        # or other layers needs that mask (ragrl.train.packed_attention).
+        mask = torch.ones_like(batch["input_ids"]) if attends_per_sequence(_config(model)) else None
+        return model(input_ids=batch["input_ids"], attention_mask=mask,
                      position_ids=batch["position_ids"], cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
                      max_length_k=longest, use_cache=False, **extra)
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],

@@ -32,6 +32,7 @@ from ragrl.errors import InputError
 from ragrl.hostinfo import read_record, segment, training_record, write_record
 from ragrl.io import atomic_dir
 from ragrl.settings import DEFAULT_LORA_TARGETS, FUSED_LM_HEAD_MIN_VOCAB, SFTArgs  # noqa: F401  (re-exported)
+from ragrl.train import packed_attention
 
 DATA_COLUMNS = ("input_ids", "assistant_masks")
 
@@ -99,8 +100,6 @@ def _model_init_kwargs(args: SFTArgs) -> dict:
         # transformers' default, SDPA, would attend over the whole joined row under a block mask
         # (TRL asks for no implementation); this attends within each sequence, as the varlen
         # kernels of flash-attention do (ragrl.train.packed_attention).
-        from ragrl.train import packed_attention
-
         kwargs["attn_implementation"] = packed_attention.register()
     return kwargs
 
@@ -139,6 +138,7 @@ def _full_logits_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             mode = "train" if self.model.training else "eval"
             model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+            # A packed row keeps its all-ones mask: without it transformers would build the block mask.
             if "cu_seq_lens_q" not in model_inputs and right_padded(model_inputs.get("attention_mask")):
                 # Causal attention alone gives every real token the same context (its padding
                 # comes after it), and lets SDPA skip the masked half instead of reading a mask.
@@ -155,7 +155,7 @@ def _full_logits_trainer_class():
                 correct = gather((logp.argmax(-1) == target).sum()).sum()
                 self._metrics[mode]["entropy"].append((entropy / n).item() if n > 0 else 0.0)
                 self._metrics[mode]["mean_token_accuracy"].append((correct / n).item() if n > 0 else 0.0)
-                if mode == "train":  # a padding-free row has no padding
+                if mode == "train":  # a packed row has no padding, and no mask where it needs the block mask
                     mask = inputs.get("attention_mask")
                     tokens = mask.sum() if mask is not None else torch.tensor(inputs["input_ids"].numel())
                     self._total_train_tokens += gather(tokens).sum().item()
@@ -182,7 +182,7 @@ def build_trainer(model_dir: str | Path, data_parquet: str | Path, output_dir: s
         processing_class=tokenizer,
         peft_config=lora_config(args) if args.lora else None,
     )
-    if args.padding_free:
+    if args.padding_free and packed_attention.attends_per_sequence(trainer.model.config):
         trainer.data_collator = with_packed_mask(trainer.data_collator)
     _install_log_lines(trainer)
     return trainer
@@ -192,9 +192,10 @@ def with_packed_mask(collate):
     """TRL's padding-free collator with an all-ones attention mask on its packed rows.
 
     Without a mask, transformers reads the packing off the position ids and builds an L x L block
-    mask that the per-sequence attention (ragrl.train.packed_attention) never reads; an all-ones
-    mask lets it skip that (RL does the same, `rl.padding_free`). The row's `cu_seq_lens` still
-    mark the sequences, and the loss and token counts are unchanged."""
+    mask that the per-sequence attention never reads; an all-ones mask lets it skip that (RL does
+    the same, `rl.padding_free`). Only for a model whose every layer attends per sequence
+    (`packed_attention.attends_per_sequence`): a sliding-window layer needs the block mask. The
+    row's `cu_seq_lens` still mark the sequences, and the loss and token counts are unchanged."""
 
     def collate_with_mask(features):
         batch = collate(features)
