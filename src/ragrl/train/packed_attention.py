@@ -85,6 +85,13 @@ def attends_per_sequence(config) -> bool:
     return not any(getattr(text, k, None) for k in ("attn_logit_softcapping", "attention_chunk_size"))
 
 
+def packed_row_mask(input_ids: torch.Tensor, config) -> torch.Tensor | None:
+    """The attention mask a packed row goes in with: all ones where every layer attends per
+    sequence (transformers then builds no block mask), else none, so that transformers builds the
+    block mask from the position ids for the layers that need it."""
+    return torch.ones_like(input_ids) if attends_per_sequence(config) else None
+
+
 def _several_sequences(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
     cu = kwargs.get("cu_seq_lens_q")
     return cu is not None and cu.numel() > 2 and query.shape[0] == 1 and query.shape[2] == key.shape[2]

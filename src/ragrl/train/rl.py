@@ -54,7 +54,7 @@ from ragrl.train.losses import (
     token_logprobs,
     value_loss,
 )
-from ragrl.train.packed_attention import attends_per_sequence
+from ragrl.train.packed_attention import packed_row_mask
 
 LOG_NAME = "train_log.jsonl"
 
@@ -323,11 +323,10 @@ def progress_line(rec: dict[str, Any], steps: int) -> str:
 # --- model plumbing ----------------------------------------------------------------------------
 
 
-def _config(model):
-    """The model's own config under DeepSpeed's engine or DDP (the engine's `config` is DeepSpeed's)."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model.config
+def unwrapped(model):
+    """The HF model inside a DDP or DeepSpeed engine (`.module`), or the model itself. Read its config
+    here: the DeepSpeed engine's own `config` is DeepSpeed's."""
+    return getattr(model, "module", model)
 
 
 def forward(model, batch: dict[str, torch.Tensor], **extra):
@@ -335,11 +334,9 @@ def forward(model, batch: dict[str, torch.Tensor], **extra):
     over a packed one (`pack`), with its sequence boundaries."""
     if is_packed(batch):
         cu, longest = batch["cu_seq_lens"], int(batch["max_length"])
-        # An all-ones mask where every layer attends per sequence: without one, transformers reads the
-        # packing off the position ids and builds an L x L block mask (half of a forward's time at the
-        # toy's 14k-token rows) that the per-sequence attention never reads. A model with sliding-window
-        # or other layers needs that mask (ragrl.train.packed_attention).
-        mask = torch.ones_like(batch["input_ids"]) if attends_per_sequence(_config(model)) else None
+        # All ones where every layer attends per sequence, which spares transformers the L x L block mask
+        # (half of a forward's time at the toy's 14k-token rows); none where a layer needs that mask.
+        mask = packed_row_mask(batch["input_ids"], unwrapped(model).config)
         return model(input_ids=batch["input_ids"], attention_mask=mask,
                      position_ids=batch["position_ids"], cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
                      max_length_k=longest, use_cache=False, **extra)
@@ -391,7 +388,7 @@ def chunkable_head(model) -> torch.nn.Linear | None:
     stage = getattr(model, "zero_optimization_stage", None)
     if callable(stage) and stage() >= 3:
         return None
-    inner = getattr(model, "module", model)
+    inner = unwrapped(model)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     return head if isinstance(head, torch.nn.Linear) else None
 

@@ -182,25 +182,26 @@ def build_trainer(model_dir: str | Path, data_parquet: str | Path, output_dir: s
         processing_class=tokenizer,
         peft_config=lora_config(args) if args.lora else None,
     )
-    if args.padding_free and packed_attention.attends_per_sequence(trainer.model.config):
-        trainer.data_collator = with_packed_mask(trainer.data_collator)
+    if args.padding_free:
+        trainer.data_collator = with_packed_mask(trainer.data_collator, trainer.model.config)
     _install_log_lines(trainer)
     return trainer
 
 
-def with_packed_mask(collate):
-    """TRL's padding-free collator with an all-ones attention mask on its packed rows.
+def with_packed_mask(collate, config):
+    """TRL's padding-free collator with the mask RL's packed rows get (`packed_attention.packed_row_mask`).
 
     Without a mask, transformers reads the packing off the position ids and builds an L x L block
-    mask that the per-sequence attention never reads; an all-ones mask lets it skip that (RL does
-    the same, `rl.padding_free`). Only for a model whose every layer attends per sequence
-    (`packed_attention.attends_per_sequence`): a sliding-window layer needs the block mask. The
-    row's `cu_seq_lens` still mark the sequences, and the loss and token counts are unchanged."""
+    mask that the per-sequence attention never reads; an all-ones mask lets it skip that, where
+    every layer attends per sequence (a sliding-window layer needs the block mask). The row's
+    `cu_seq_lens` still mark the sequences, and the loss and token counts are unchanged."""
 
     def collate_with_mask(features):
         batch = collate(features)
         if "cu_seq_lens_q" in batch and "attention_mask" not in batch:
-            batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+            mask = packed_attention.packed_row_mask(batch["input_ids"], config)
+            if mask is not None:
+                batch["attention_mask"] = mask
         return batch
 
     return collate_with_mask
