@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 from ragrl.errors import InputError
 
 # RL: advantage estimators and loss aggregations the core implements (ragrl.train.losses).
-# grpo and ppo_clip are critic-free; ppo trains a value model (critic) and takes GAE advantages.
-ALGORITHMS = ("grpo", "ppo_clip", "ppo")
+# grpo, remax and ppo_clip are critic-free; ppo trains a value model (critic) and takes GAE advantages.
+ALGORITHMS = ("grpo", "remax", "ppo_clip", "ppo")
 # k3: Schulman's low-variance estimator (the KL loss term, verl's low_var_kl); k1: logp - ref_logp
 # (verl's algorithm.kl_penalty "kl", what Search-R1's and RAG-R1's PPO put into the reward).
 KL_ESTIMATORS = ("k3", "k1")

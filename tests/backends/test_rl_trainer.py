@@ -118,6 +118,29 @@ def test_grpo_learns_toy_task(toy, tmp_path, capsys):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_remax_learns_toy_task_against_the_greedy_baseline(toy, tmp_path):
+    import dataclasses
+
+    model_dir, prompts, target = toy
+    sampled = rl_toy.make_rollout(target, max_new_tokens=6)
+
+    def with_greedy(batch, n, model, step):
+        # The baseline a remax rollout function supplies: each prompt's greedy completion's reward.
+        greedy = []
+        for p in batch:
+            out = model.generate(input_ids=torch.tensor([p["prompt_ids"]]), do_sample=False, max_new_tokens=6,
+                                 pad_token_id=model.generation_config.pad_token_id)
+            greedy.append(float(target in out[0, len(p["prompt_ids"]):].tolist()))
+        return [dataclasses.replace(s, baseline=greedy[s.group]) for s in sampled(batch, n, model, step)]
+
+    cfg = RLConfig(algorithm="remax", steps=30, batch_prompts=4, group_size=8, lr=3e-3, seed=0, checkpoint_every=100)
+    train_rl(model_dir, None, prompts, with_greedy, cfg, tmp_path)
+    rewards = [r["reward_mean"] for r in _log(tmp_path)]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    print(f"remax toy reward curve: {' '.join(f'{r:.2f}' for r in rewards)}")
+    assert last > 0.5 and last - first > 0.4, rewards
+
+
 def test_tied_samples_marks_groups_whose_rewards_all_tie():
     assert tied_samples([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], [0, 0, 1, 1, 2, 2]) == [True, True, False, False, True, True]
     # With turn rewards, a group tied on its global reward still learns from turns that differ
@@ -126,6 +149,9 @@ def test_tied_samples_marks_groups_whose_rewards_all_tie():
     assert tied_samples([1.0, 1.0, 0.0, 1.0, 0.5, 0.5], [0, 0, 1, 1, 2, 2], turns) == [
         False, False, False, False, True, True]
     assert tied_samples([0.0, 0.0], [0, 0], [None, None]) == [True, True]
+    # remax: the greedy reward is one more member of the group; all fail where greedy succeeded
+    # is a signal (group 0), all succeed as greedy did is not (group 1).
+    assert tied_samples([0.0, 0.0, 1.0, 1.0], [0, 0, 1, 1], None, [1.0, 1.0, 1.0, 1.0]) == [False, False, True, True]
 
 
 def test_tied_group_share_is_logged_and_the_filter_skips_all_tied_steps(toy, tmp_path):

@@ -251,6 +251,15 @@ def test_group_advantages_degenerate_groups_are_zero():
     assert got.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
+def test_baseline_advantages_are_the_margin_over_greedy_unscaled():
+    # remax: greedy earned 1.0 on prompt 0 and 0.0 on prompt 1; a sample that does what greedy
+    # does gets 0, one that fails where greedy succeeds the whole -1.0, no std division.
+    got = A.baseline_advantages([1.0, 0.0, 0.0, 1.1], [1.0, 1.0, 0.0, 0.0])
+    assert got.tolist() == pytest.approx([0.0, -1.0, 0.0, 1.1])
+    with pytest.raises(ValueError, match="4 rewards but 3 baselines"):
+        A.baseline_advantages([1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0])
+
+
 def test_batch_advantages():
     got = A.batch_advantages([1.0, 0.0], mean=0.5, std=0.5, eps=0.0)
     assert got.tolist() == pytest.approx([1.0, -1.0])

@@ -28,7 +28,7 @@ from ragrl.serving import PYTHON_ENV, ServerStartError
 from ragrl.stages.agent_rl import hf_generators, make_rollout_fn, rollout_engine
 from ragrl.train.rl import RLConfig, train_rl
 from rl_toy import one_torch_thread
-from helpers import FakeRetriever, FirstTurnSearches, world_and_model
+from helpers import FakeRetriever, FirstTurnSearches, encode_text, world_and_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -196,3 +196,45 @@ def test_the_synced_weights_file_is_deleted_with_the_server(tiny, tmp_path, monk
             raise RuntimeError("training failed")
     assert not written.exists()
     assert (tmp_path / "srv" / "ext").is_dir()  # the rest of the server dir (its log, the extension) stays
+
+
+class _GreedyKnows:
+    """Greedy decoding answers the first prompt's question right and every other wrong; sampling
+    answers every question wrong: what algorithm remax must see per prompt."""
+
+    def __init__(self, tok, first_question: str, answer: str):
+        self.tok, self.first_question, self.answer = tok, first_question, answer
+
+    def generate(self, batch, max_new_tokens, temperature=1.0, *args, **kwargs):
+        out = []
+        for ids in batch:
+            right = temperature <= 0 and self.first_question in self.tok.decode(ids)
+            text = f"<think>so</think><answer>{self.answer if right else 'Nobody'}</answer>"
+            out.append(encode_text(self.tok, text))
+        return out
+
+
+def test_remax_samples_carry_their_own_prompts_greedy_reward_and_the_trainer_needs_it(tiny, tmp_path):
+    rows = tiny.world.qa["train"][:2]
+    spec = {"env": "search", "topk": 2, "reward": {"em": 1.0},
+            "rollout": {"max_turns": 1, "max_turn_tokens": 48, "max_response_tokens": 200}}
+    recipe = parse_recipe({**spec, "rl": {"algorithm": "remax"}}, "rx")
+    env = SearchEnvironment(FakeRetriever(tiny.world.passages), topk=2)
+    fake = _GreedyKnows(tiny.tok, rows[0]["question"], rows[0]["golden_answers"][0])
+    samples = make_rollout_fn(recipe, tiny.tok, env, lambda model, step: fake)(rows, 3, None, 1)
+    assert [s.group for s in samples] == [0, 0, 0, 1, 1, 1]
+    # Greedy is right on prompt 0 only; every sample is wrong: the margin is -1 there, 0 on prompt 1.
+    assert [s.baseline for s in samples] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert [s.stats["greedy_reward"] for s in samples] == [s.baseline for s in samples]
+    assert all(s.reward == 0.0 for s in samples)
+    # Under grpo no greedy rollout runs and no sample carries a baseline.
+    grpo = make_rollout_fn(parse_recipe(spec, "g"), tiny.tok, env, lambda model, step: fake)(rows, 2, None, 1)
+    assert all(s.baseline is None and "greedy_reward" not in s.stats for s in grpo)
+
+    # A rollout function that gives no baseline cannot train remax: the step names what is missing.
+    def no_baseline(batch, n, model, step):
+        return [dataclasses.replace(s, baseline=None) for s in samples[: len(batch) * n]]
+
+    cfg = RLConfig(algorithm="remax", group_size=3, batch_prompts=2, steps=1, checkpoint_every=100, log_entropy=False)
+    with pytest.raises(ValueError, match="algorithm remax needs its prompt's greedy reward"):
+        train_rl(tiny.model_dir, None, rows, no_baseline, cfg, tmp_path / "rl")

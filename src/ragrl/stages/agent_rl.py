@@ -38,24 +38,43 @@ def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], gr
     return engine.run_rows(batch_prompts, n=group_size, seed=recipe.seed * 100_003 + step)
 
 
+def greedy_rewards(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], model, step: int,
+                   generators: GeneratorFor | None = None) -> list[float]:
+    """Per prompt, the method's reward for the current policy's greedy rollout: algorithm remax's
+    baseline, and what the evaluation of the policy would score on these prompts."""
+    generator = (generators or hf_generators(tokenizer))(model, step)
+    greedy = dataclasses.replace(recipe.rollout, n=1, temperature=0.0)
+    engine = recipe.method.make_engine(generator, tokenizer, env, greedy)
+    rewards = [0.0] * len(batch_prompts)
+    for traj in engine.run_rows(batch_prompts, n=1, seed=recipe.seed * 100_003 + step):
+        rewards[traj.prompt_index] = float(recipe.method.score(recipe, traj, batch_prompts[traj.prompt_index]).reward)
+    return rewards
+
+
 def make_rollout_fn(recipe: Recipe, tokenizer, env, generators: GeneratorFor | None = None):
     """The RL trainer's plug-in: a group of rollouts per prompt with the current policy, each
     scored by the recipe's method (global reward, optional per-turn rewards, logged components).
-    `generators`: what samples them (rollout_generators; default HF in process)."""
+    `generators`: what samples them (rollout_generators; default HF in process). Under algorithm
+    remax each sample also carries its prompt's greedy reward, logged as `stat:greedy_reward`."""
     from ragrl.train.rl import Sample
 
     score = recipe.method.score
+    with_baseline = rl_config(recipe).algorithm == "remax"
 
     def rollout_fn(batch_prompts: list[dict], group_size: int, model, step: int) -> list[Sample]:
         samples = []
+        baselines = (greedy_rewards(recipe, tokenizer, env, batch_prompts, model, step, generators)
+                     if with_baseline else None)
         for traj in group_rollouts(recipe, tokenizer, env, batch_prompts, group_size, model, step, generators):
             s = score(recipe, traj, batch_prompts[traj.prompt_index])
             samples.append(Sample(
                 prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
                 loss_mask=list(traj.loss_mask), turn_index=list(traj.turn_index),
                 reward=float(s.reward), group=traj.prompt_index, turn_rewards=s.turn_rewards,
+                baseline=baselines[traj.prompt_index] if baselines is not None else None,
                 stats={"searches": traj.num_searches, "response_length": len(traj.response_ids),
-                       **{f"reward_{k}": float(v) for k, v in s.components.items()}},
+                       **{f"reward_{k}": float(v) for k, v in s.components.items()},
+                       **({"greedy_reward": baselines[traj.prompt_index]} if baselines is not None else {})},
             ))
         return samples
 

@@ -71,6 +71,8 @@ class Sample:
     group: int  # index of the prompt (within the batch passed to rollout_fn) this sample belongs to
     turn_rewards: list[float] | None = None  # optional per-turn rewards (KG-R1 turn-level advantages)
     stats: dict = field(default_factory=dict)  # e.g. {"searches": 2, "response_length": 57}
+    # algorithm remax: the reward of the policy's greedy rollout of this sample's prompt
+    baseline: float | None = None
 
 
 RolloutFn = Callable[[list[dict], int, Any, int], list[Sample]]
@@ -101,7 +103,7 @@ def rank_share(items: Sequence[int], rank: int, world: int) -> list[int]:
     return list(items[rank * per_rank : (rank + 1) * per_rank])
 
 
-def validate_samples(samples: Sequence[Sample], n_prompts: int, group_size: int) -> None:
+def validate_samples(samples: Sequence[Sample], n_prompts: int, group_size: int, needs_baseline: bool = False) -> None:
     # Every process must run the same number of micro-batches (collectives would hang otherwise),
     # so the sample count is part of the contract.
     if len(samples) != n_prompts * group_size:
@@ -116,6 +118,9 @@ def validate_samples(samples: Sequence[Sample], n_prompts: int, group_size: int)
             raise ValueError(f"sample {k}: group {s.group} outside 0..{n_prompts - 1}")
         if not s.prompt_ids:
             raise ValueError(f"sample {k}: empty prompt")
+        if needs_baseline and s.baseline is None:
+            raise ValueError(f"sample {k}: algorithm remax needs its prompt's greedy reward (Sample.baseline); "
+                             "the rollout function gave none")
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> dict[str, torch.Tensor]:
@@ -208,6 +213,8 @@ def sample_advantages(
     groups = [s.group for s in samples]
     if cfg.algorithm == "grpo":
         seq = adv_lib.group_advantages(rewards, groups, scale_by_std=cfg.scale_rewards)
+    elif cfg.algorithm == "remax":
+        seq = adv_lib.baseline_advantages(rewards, [s.baseline for s in samples])
     else:
         seq = adv_lib.batch_advantages(rewards, batch_mean, batch_std, scale_by_std=cfg.scale_rewards)
     turn_adv = None
@@ -260,15 +267,19 @@ def critic_record(sums: dict[str, float]) -> dict[str, float | None]:
 
 
 def tied_samples(rewards: Sequence[float], groups: Sequence[int],
-                 turn_rewards: Sequence[Sequence[float] | None] | None = None) -> list[bool]:
+                 turn_rewards: Sequence[Sequence[float] | None] | None = None,
+                 baselines: Sequence[float | None] | None = None) -> list[bool]:
     """Per sample: is its group without any signal, every sample's reward the same and, with
     `turn_rewards` (the turn term on), every turn reward of the group the same as well? A group
     whose answers all fail can still tell a search that found the second hop from one that did
-    not, and its turn advantages are not zero."""
+    not, and its turn advantages are not zero. With `baselines` (remax) the group's baseline is one
+    more reward to tie with: four failures against a greedy success are a signal."""
     by_group: dict[int, set[float]] = {}
     turns_by_group: dict[int, set[float]] = {}
     for i, (r, g) in enumerate(zip(rewards, groups)):
         by_group.setdefault(g, set()).add(float(r))
+        if baselines is not None and baselines[i] is not None:
+            by_group[g].add(float(baselines[i]))
         turns = (turn_rewards[i] if turn_rewards is not None else None) or ()
         turns_by_group.setdefault(g, set()).update(float(t) for t in turns)
     return [len(by_group[g]) == 1 and len(turns_by_group[g]) <= 1 for g in groups]
@@ -780,7 +791,7 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     model.eval()
     with torch.no_grad():
         samples = rollout_fn(local_prompts, cfg.group_size, unwrapped, step)
-    validate_samples(samples, len(local_prompts), cfg.group_size)
+    validate_samples(samples, len(local_prompts), cfg.group_size, needs_baseline=cfg.algorithm == "remax")
     t_rollout = time.perf_counter() - t0
 
     batch = collate(samples, pad_id)
@@ -816,7 +827,8 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     if not from_update:
         sums.update(logged_kl_entropy(kl, entropy, mask))
     tied = tied_samples([s.reward for s in samples], [s.group for s in samples],
-                        [s.turn_rewards for s in samples] if cfg.turn_advantage_weight else None)
+                        [s.turn_rewards for s in samples] if cfg.turn_advantage_weight else None,
+                        [s.baseline for s in samples] if cfg.algorithm == "remax" else None)
     group_tied = {s.group: t for s, t in zip(samples, tied)}
     sums["groups"] = float(len(group_tied))
     sums["tied_groups"] = float(sum(group_tied.values()))
