@@ -563,6 +563,34 @@ def test_kept_prefixes_give_what_a_fresh_call_gives_and_skip_the_prefix(tiny):
     assert reused == hf.generate([forked], 10, temperature=0)
 
 
+def test_repeated_greedy_rows_across_kept_turns_get_what_a_fresh_call_gives(tiny):
+    # HARR's greedy G copies of a question inside one rollout: turn 1 decodes each distinct prompt
+    # once and keeps only those rows; turn 2's copies (two still equal, one given another
+    # observation) must all find their prefix among them and decode as a fresh call would.
+    tok, hf = tiny.tok, tiny.hf
+    a, b = encode_text(tok, "In what year was the company founded?"), encode_text(tok, "Velmar")
+    obs = [encode_text(tok, " <information>Velmar is in Oskar.</information>"),
+           encode_text(tok, " <information>Oskar is a city.</information>")]
+    prompts = [a, b, a, a]
+    fed: list[tuple[int, int]] = []
+    handle = hf.model.register_forward_pre_hook(lambda m, args, kw: fed.append(tuple(kw["input_ids"].shape)),
+                                                with_kwargs=True)
+    try:
+        with hf.keep_prefixes():
+            first = hf.generate(prompts, 12, temperature=0)
+            assert len(hf._kept.current) == 2  # (a, 12) and (b, 12): the copies were not kept twice
+            extended = [p + out + o for p, out, o in zip(prompts, first, [obs[0], obs[0], obs[1], obs[0]])]
+            fed.clear()
+            kept = hf.generate(extended, 10, temperature=0)
+            prefill = fed[0]
+    finally:
+        handle.remove()
+    assert prefill[0] == 3  # rows 0 and 3 are one row now
+    assert prefill[1] <= max(map(len, obs)) + 1  # each row ran its observation, not its whole context
+    assert kept == hf.generate(extended, 10, temperature=0)
+    assert kept[0] == kept[3]
+
+
 def test_decode_choice_by_environment_and_model(tiny, monkeypatch):
     from ragrl.agent.generation import _own_loop_fits
 
