@@ -423,7 +423,9 @@ def decision(args, results: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, required=True, help="a finished run's results/ directory")
-    p.add_argument("--method", default="search_r1", help="the default config's recipe (search_r1, rag_r1)")
+    p.add_argument("--method", default="search_r1",
+                   help="the default config's recipe: search_r1, rag_r1, autograph_r1 (with --metric); "
+                        "any agent method with --from-logs (kg_r1)")
     p.add_argument("--name", default="variant")
     p.add_argument("--set", action="append", default=[], help="key.path=JSON on top of the default recipe")
     p.add_argument("--sft-set", action="append", default=[],
