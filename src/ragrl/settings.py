@@ -209,10 +209,11 @@ class SFTArgs:
 class RLConfig:
     KEY: ClassVar[str] = "rl"
 
-    # grpo: group-normalised advantages; ppo_clip: batch-normalised (no critic); ppo: a learned
-    # critic and GAE advantages (docs/RL.md)
+    # grpo: group-normalised advantages; remax: the reward of the policy's greedy rollout of the
+    # same prompt as the baseline; ppo_clip: batch-normalised (no critic); ppo: a learned critic
+    # and GAE advantages (docs/RL.md)
     algorithm: str = setting("grpo", choices=ALGORITHMS,
-                             help="grpo, ppo_clip: critic-free; ppo: a learned critic and GAE (docs/RL.md)")
+                             help="grpo, remax, ppo_clip: critic-free; ppo: a learned critic and GAE (docs/RL.md)")
     group_size: int = setting(4, ge=1, help="samples per prompt")
     clip_eps: float = setting(0.2, ge=0, help="PPO's clip of the probability ratio")
     clip_eps_high: float | None = setting(None, ge=0, help="DAPO clip-higher (larger than clip_eps); null: clip_eps")

@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 import rl_toy
 from ragrl import hostinfo
 from ragrl.train import checkpoint as ckpt
-from ragrl.train.rl import LOG_NAME, RLConfig, Sample, collate, prompt_indices, tied_samples, train_rl
+from ragrl.train.rl import (LOG_NAME, RLConfig, Sample, collate, prompt_indices, sample_advantages, tied_samples,
+                            train_rl)
 
 REPO = Path(__file__).resolve().parents[2]
 TOY_SCRIPT = REPO / "tests" / "rl_toy.py"
@@ -139,6 +140,28 @@ def test_remax_learns_toy_task_against_the_greedy_baseline(toy, tmp_path):
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"remax toy reward curve: {' '.join(f'{r:.2f}' for r in rewards)}")
     assert last > 0.5 and last - first > 0.4, rewards
+
+
+def test_remax_token_advantages_are_the_margin_over_greedy_and_the_turn_term_adds_as_under_grpo():
+    # Two prompts, two samples each; the second turn of each response follows an observation token.
+    def sample(reward, group, baseline, turns):
+        return Sample(prompt_ids=[5], response_ids=[7, 8, 9], loss_mask=[1, 0, 1], turn_index=[0, 0, 1],
+                      reward=reward, group=group, baseline=baseline, turn_rewards=turns)
+
+    samples = [sample(1.0, 0, 1.0, [0.2, 0.0]), sample(0.0, 0, 1.0, [0.0, 0.0]),
+               sample(0.0, 1, 0.0, [0.0, 0.1]), sample(1.0, 1, 0.0, [0.0, 0.0])]
+    batch = collate(samples, pad_id=0)
+    remax = sample_advantages(samples, batch, RLConfig(algorithm="remax"))
+    # r - b on the policy's tokens, 0 on the observation; no group mean, no std division
+    assert remax.tolist() == [[0.0, 0.0, 0.0], [-1.0, 0.0, -1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 1.0]]
+    assert sample_advantages(samples, batch, RLConfig(algorithm="grpo"))[0, 0] > 0.5  # grpo: above its group
+    # The per-turn term (KG-R1) is the same group-relative one grpo adds, on top of the margin.
+    weight = 0.5
+    turns = sample_advantages(samples, batch, RLConfig(algorithm="remax", turn_advantage_weight=weight))
+    grpo_turns = (sample_advantages(samples, batch, RLConfig(algorithm="grpo", turn_advantage_weight=weight))
+                  - sample_advantages(samples, batch, RLConfig(algorithm="grpo")))
+    assert torch.allclose(turns - remax, grpo_turns)
+    assert (turns - remax).abs().sum() > 0
 
 
 def test_tied_samples_marks_groups_whose_rewards_all_tie():

@@ -345,7 +345,8 @@ def test_ray_launcher_orchestration(tmp_path):
 def test_overrides_refuse_what_verl_cannot_do():
     base = dict(RECIPE, rl=dict(RECIPE["rl"]))
     paths = VerlPaths(*(Path(f"/x/{n}") for n in ("t.parquet", "v.parquet", "m", "c", "a.yaml", "r.py")))
-    for bad, message in (({"algorithm": "ppo_clip"}, "GRPO only"), ({"turn_advantage_weight": 0.5}, "turn-level"),
+    for bad, message in (({"algorithm": "ppo_clip"}, "GRPO only"), ({"algorithm": "remax"}, "GRPO only"),
+                         ({"turn_advantage_weight": 0.5}, "turn-level"),
                          ({"filter_tied_groups": True}, "filter_tied_groups: verl's main_ppo"),
                          ({"num_mini_batches": 3}, "divisible"), ({"lr": -1, "steps": 0}, "steps=0 must be >= 1")):
         # Settings RLConfig rejects already fail when the recipe is read (before any job starts).

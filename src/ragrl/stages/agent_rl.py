@@ -29,20 +29,20 @@ def hf_generators(tokenizer) -> GeneratorFor:
 
 
 def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], group_size: int, model, step: int,
-                   generators: GeneratorFor | None = None):
+                   generators: GeneratorFor | None = None, generator=None):
     """`group_size` trajectories per prompt with the current policy (prompt-major order), on the
-    method's episode engine, sampled by `generators(model, step)` (default: HF in process)."""
-    generator = (generators or hf_generators(tokenizer))(model, step)
+    method's episode engine, sampled by `generator`, else `generators(model, step)` (default: HF
+    in process)."""
+    if generator is None:
+        generator = (generators or hf_generators(tokenizer))(model, step)
     engine = recipe.method.make_engine(generator, tokenizer, env, dataclasses.replace(recipe.rollout, n=group_size))
     # A distinct, reproducible seed per step: the same step re-run after a resume samples the same.
     return engine.run_rows(batch_prompts, n=group_size, seed=recipe.seed * 100_003 + step)
 
 
-def greedy_rewards(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], model, step: int,
-                   generators: GeneratorFor | None = None) -> list[float]:
-    """Per prompt, the method's reward for the current policy's greedy rollout: algorithm remax's
-    baseline, and what the evaluation of the policy would score on these prompts."""
-    generator = (generators or hf_generators(tokenizer))(model, step)
+def greedy_rewards(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], generator, step: int) -> list[float]:
+    """Per prompt, the method's reward for `generator`'s greedy rollout (the current policy's):
+    algorithm remax's baseline, and what the evaluation of the policy would score on these prompts."""
     greedy = dataclasses.replace(recipe.rollout, n=1, temperature=0.0)
     engine = recipe.method.make_engine(generator, tokenizer, env, greedy)
     rewards = [0.0] * len(batch_prompts)
@@ -55,17 +55,18 @@ def make_rollout_fn(recipe: Recipe, tokenizer, env, generators: GeneratorFor | N
     """The RL trainer's plug-in: a group of rollouts per prompt with the current policy, each
     scored by the recipe's method (global reward, optional per-turn rewards, logged components).
     `generators`: what samples them (rollout_generators; default HF in process). Under algorithm
-    remax each sample also carries its prompt's greedy reward, logged as `stat:greedy_reward`."""
+    remax each sample also carries its prompt's greedy reward (train_log's `greedy_reward`)."""
     from ragrl.train.rl import Sample
 
     score = recipe.method.score
     with_baseline = rl_config(recipe).algorithm == "remax"
 
     def rollout_fn(batch_prompts: list[dict], group_size: int, model, step: int) -> list[Sample]:
+        # One generator a step: a vLLM one syncs the policy's weights to its server when made.
+        generator = (generators or hf_generators(tokenizer))(model, step)
+        baselines = greedy_rewards(recipe, tokenizer, env, batch_prompts, generator, step) if with_baseline else None
         samples = []
-        baselines = (greedy_rewards(recipe, tokenizer, env, batch_prompts, model, step, generators)
-                     if with_baseline else None)
-        for traj in group_rollouts(recipe, tokenizer, env, batch_prompts, group_size, model, step, generators):
+        for traj in group_rollouts(recipe, tokenizer, env, batch_prompts, group_size, model, step, generator=generator):
             s = score(recipe, traj, batch_prompts[traj.prompt_index])
             samples.append(Sample(
                 prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),

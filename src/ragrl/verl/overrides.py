@@ -5,8 +5,9 @@ cannot honour are refused with the reason instead of being dropped silently:
 
     recipes.X.rl             verl key
     algorithm: grpo          algorithm.adv_estimator=grpo (ppo_clip here is critic-free and
-                             batch-normalised: verl has no such estimator -> refused; ppo, with a
-                             critic, would be verl's gae but is not mapped yet -> refused)
+                             batch-normalised: verl has no such estimator -> refused; remax would
+                             be verl's remax and ppo, with a critic, verl's gae, but neither is
+                             mapped yet -> refused)
     group_size               actor_rollout_ref.rollout.n
     batch_prompts            data.train_batch_size (prompts per step, as here)
     num_mini_batches         actor.ppo_mini_batch_size = batch_prompts / num_mini_batches (prompts)
