@@ -114,6 +114,16 @@ def test_a_packed_row_without_a_mask_that_cannot_go_per_sequence_is_refused(case
     assert got.shape == (1, 16, 4, 8)
 
 
+def test_a_packed_row_whose_boundaries_leave_the_row_is_refused_not_indexed():
+    # Boundaries that are no partition of the row (a join past its end) cannot be checked against
+    # any mask: the clear refusal, not an IndexError from inside the check.
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    q, k, v = _qkv()
+    bad = torch.tensor([0, 20, 16], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="sft.padding_free and rl.padding_free to false"):
+        packed_sdpa_attention(module, q, k, v, _block_causal(), cu_seq_lens_q=bad, cu_seq_lens_k=bad)
+
+
 @pytest.mark.parametrize("name, settings, plain", [
     ("qwen2", {}, True),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}, False),

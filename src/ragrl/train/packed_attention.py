@@ -43,8 +43,8 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
         # the joins: a silent leak between training examples.
         raise RuntimeError("a packed row of several sequences reached attention with a mask that does not keep them "
                            "apart, and this attention (a sliding window, soft-capping, sinks, a position bias or "
-                           "bidirectional) cannot be split per sequence: set sft.padding_free and rl.padding_free to "
-                           "false")
+                           "bidirectional) or these boundaries (cu_seq_lens not rising from 0 to the row's length) "
+                           "cannot be split per sequence: set sft.padding_free and rl.padding_free to false")
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -66,6 +66,8 @@ def _separates(mask: torch.Tensor | None, kwargs: dict) -> bool:
         return False
     joins = kwargs["cu_seq_lens_q"][1:-1].long().to(mask.device)
     rows = mask.reshape(-1, *mask.shape[-2:])[0]
+    if not bool(((joins >= 1) & (joins < rows.shape[0])).all()):
+        return False  # boundaries outside the row: nothing to check them against, so no leak-free proof
     seen = rows[joins, joins - 1]
     blocked = ~seen if seen.dtype == torch.bool else seen <= torch.finfo(seen.dtype).min / 2
     return bool(blocked.all())
