@@ -119,7 +119,7 @@ def test_grpo_learns_toy_task(toy, tmp_path, capsys):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_remax_learns_toy_task_against_the_greedy_baseline(toy, tmp_path):
+def test_remax_learns_toy_task(toy, tmp_path):
     import dataclasses
 
     model_dir, prompts, target = toy

@@ -204,8 +204,10 @@ class _GreedyKnows:
 
     def __init__(self, tok, first_question: str, answer: str):
         self.tok, self.first_question, self.answer = tok, first_question, answer
+        self.greedy_rows = 0
 
     def generate(self, batch, max_new_tokens, temperature=1.0, *args, **kwargs):
+        self.greedy_rows += len(batch) if temperature <= 0 else 0
         out = []
         for ids in batch:
             right = temperature <= 0 and self.first_question in self.tok.decode(ids)
@@ -227,9 +229,12 @@ def test_remax_samples_carry_their_own_prompts_greedy_reward_and_the_trainer_nee
     assert [s.baseline for s in samples] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert [s.stats["greedy_reward"] for s in samples] == [s.baseline for s in samples]
     assert all(s.reward == 0.0 for s in samples)
+    assert fake.greedy_rows == len(rows)  # one greedy rollout per prompt, not per sample
     # Under grpo no greedy rollout runs and no sample carries a baseline.
+    fake.greedy_rows = 0
     grpo = make_rollout_fn(parse_recipe(spec, "g"), tiny.tok, env, lambda model, step: fake)(rows, 2, None, 1)
     assert all(s.baseline is None and "greedy_reward" not in s.stats for s in grpo)
+    assert fake.greedy_rows == 0
 
     # A rollout function that gives no baseline cannot train remax: the step names what is missing.
     def no_baseline(batch, n, model, step):

@@ -29,13 +29,16 @@ def hf_generators(tokenizer) -> GeneratorFor:
 
 
 def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], group_size: int, model, step: int,
-                   generators: GeneratorFor | None = None, generator=None):
+                   generators: GeneratorFor | None = None, generator=None, temperature: float | None = None):
     """`group_size` trajectories per prompt with the current policy (prompt-major order), on the
     method's episode engine, sampled by `generator`, else `generators(model, step)` (default: HF
-    in process)."""
+    in process), at `temperature` if given (0: greedy), else the recipe's."""
     if generator is None:
         generator = (generators or hf_generators(tokenizer))(model, step)
-    engine = recipe.method.make_engine(generator, tokenizer, env, dataclasses.replace(recipe.rollout, n=group_size))
+    rollout = dataclasses.replace(recipe.rollout, n=group_size)
+    if temperature is not None:
+        rollout = dataclasses.replace(rollout, temperature=temperature)
+    engine = recipe.method.make_engine(generator, tokenizer, env, rollout)
     # A distinct, reproducible seed per step: the same step re-run after a resume samples the same.
     return engine.run_rows(batch_prompts, n=group_size, seed=recipe.seed * 100_003 + step)
 
@@ -43,10 +46,9 @@ def group_rollouts(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], gr
 def greedy_rewards(recipe: Recipe, tokenizer, env, batch_prompts: list[dict], generator, step: int) -> list[float]:
     """Per prompt, the method's reward for `generator`'s greedy rollout (the current policy's):
     algorithm remax's baseline, and what the evaluation of the policy would score on these prompts."""
-    greedy = dataclasses.replace(recipe.rollout, n=1, temperature=0.0)
-    engine = recipe.method.make_engine(generator, tokenizer, env, greedy)
     rewards = [0.0] * len(batch_prompts)
-    for traj in engine.run_rows(batch_prompts, n=1, seed=recipe.seed * 100_003 + step):
+    for traj in group_rollouts(recipe, tokenizer, env, batch_prompts, 1, None, step, generator=generator,
+                               temperature=0.0):
         rewards[traj.prompt_index] = float(recipe.method.score(recipe, traj, batch_prompts[traj.prompt_index]).reward)
     return rewards
 
@@ -68,14 +70,15 @@ def make_rollout_fn(recipe: Recipe, tokenizer, env, generators: GeneratorFor | N
         samples = []
         for traj in group_rollouts(recipe, tokenizer, env, batch_prompts, group_size, model, step, generator=generator):
             s = score(recipe, traj, batch_prompts[traj.prompt_index])
+            greedy = baselines[traj.prompt_index] if baselines is not None else None
             samples.append(Sample(
                 prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids),
                 loss_mask=list(traj.loss_mask), turn_index=list(traj.turn_index),
                 reward=float(s.reward), group=traj.prompt_index, turn_rewards=s.turn_rewards,
-                baseline=baselines[traj.prompt_index] if baselines is not None else None,
+                baseline=greedy,
                 stats={"searches": traj.num_searches, "response_length": len(traj.response_ids),
                        **{f"reward_{k}": float(v) for k, v in s.components.items()},
-                       **({"greedy_reward": baselines[traj.prompt_index]} if baselines is not None else {})},
+                       **({"greedy_reward": greedy} if greedy is not None else {})},
             ))
         return samples
 

@@ -47,7 +47,7 @@ def group_advantages(
 def baseline_advantages(rewards: Sequence[float] | torch.Tensor,
                         baselines: Sequence[float] | torch.Tensor) -> torch.Tensor:
     """Per-sample r - b, b the reward the policy's greedy rollout of the same prompt earned (ReMax,
-    Li et al. 2024; verl's adv_estimator=remax). Not divided by a std: a sample that does what
+    Li et al., arXiv:2310.10505; verl's adv_estimator=remax). Not divided by a std: a sample that does what
     greedy decoding does gets 0, one that beats it gets the whole margin."""
     rewards = torch.as_tensor(rewards, dtype=torch.float64)
     baselines = torch.as_tensor(baselines, dtype=torch.float64)

@@ -138,7 +138,7 @@ def _full_logits_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             mode = "train" if self.model.training else "eval"
             model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
-            # A packed row keeps its all-ones mask: without it transformers would build the block mask.
+            # A packed row keeps the mask packed_attention.packed_row_mask gave it (or its lack).
             if "cu_seq_lens_q" not in model_inputs and right_padded(model_inputs.get("attention_mask")):
                 # Causal attention alone gives every real token the same context (its padding
                 # comes after it), and lets SDPA skip the masked half instead of reading a mask.
