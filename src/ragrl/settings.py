@@ -291,6 +291,11 @@ class RLConfig:
     def clip_high(self) -> float:
         return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
 
+    @property
+    def greedy_baseline(self) -> bool:
+        """Whether each sample needs its prompt's greedy reward (remax's baseline)."""
+        return self.algorithm == "remax"
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RLConfig:
         known = {f.name for f in fields(cls)}

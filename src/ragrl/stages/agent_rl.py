@@ -61,7 +61,7 @@ def make_rollout_fn(recipe: Recipe, tokenizer, env, generators: GeneratorFor | N
     from ragrl.train.rl import Sample
 
     score = recipe.method.score
-    with_baseline = rl_config(recipe).algorithm == "remax"
+    with_baseline = rl_config(recipe).greedy_baseline
 
     def rollout_fn(batch_prompts: list[dict], group_size: int, model, step: int) -> list[Sample]:
         # One generator a step: a vLLM one syncs the policy's weights to its server when made.

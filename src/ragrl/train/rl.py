@@ -791,7 +791,7 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     model.eval()
     with torch.no_grad():
         samples = rollout_fn(local_prompts, cfg.group_size, unwrapped, step)
-    validate_samples(samples, len(local_prompts), cfg.group_size, needs_baseline=cfg.algorithm == "remax")
+    validate_samples(samples, len(local_prompts), cfg.group_size, needs_baseline=cfg.greedy_baseline)
     t_rollout = time.perf_counter() - t0
 
     batch = collate(samples, pad_id)
@@ -828,7 +828,7 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
         sums.update(logged_kl_entropy(kl, entropy, mask))
     tied = tied_samples([s.reward for s in samples], [s.group for s in samples],
                         [s.turn_rewards for s in samples] if cfg.turn_advantage_weight else None,
-                        [s.baseline for s in samples] if cfg.algorithm == "remax" else None)
+                        [s.baseline for s in samples] if cfg.greedy_baseline else None)
     group_tied = {s.group: t for s, t in zip(samples, tied)}
     sums["groups"] = float(len(group_tied))
     sums["tied_groups"] = float(sum(group_tied.values()))
