@@ -347,6 +347,17 @@ def test_engine_hook_drives_constructor_episodes_for_rl_and_evaluation(tiny, mon
     metrics = method.eval_metrics(recipe, tiny.qa[0], trajs[0])
     assert set(metrics) == set(method.eval_metric_columns) and metrics["valid"] == 1.0
     assert metrics["triples"] == float(len(trajs[0].triples())) > 0
+    # R_C's task term under the deterministic judge, whatever the recipe trains with: the gold
+    # graph carries the answer; the same graph without the triples naming it does not.
+    assert metrics["carried"] == metrics["reward"] == 1.0
+    answers = {a.lower() for a in tiny.qa[0]["golden_answers"]}
+    by_title = {d.title: d.id for e in tiny.episodes for d in e.documents}
+    cut = ScriptedGenerator(tiny.tok, lambda title, k: triples_json(
+        [t for t in tiny.gold.get(by_title[title], []) if not {t.subject.lower(), t.object.lower()} & answers]
+        or [Triple("x", "y", "z")]))
+    cut_traj = method.make_engine(cut, tiny.tok, env, recipe.rollout).run_rows(tiny.qa[:1], n=1, seed=1)[0]
+    cut_metrics = method.eval_metrics(recipe, tiny.qa[0], cut_traj)
+    assert cut_metrics["valid"] == 1.0 and cut_metrics["carried"] == cut_metrics["reward"] == 0.0
     # R_I: the evaluation shares one PPR ranking between recall@k and the reward; the reward is
     # what the training's own score gives (recall@5 of the gold graph, minus repetition).
     index = parse_recipe({"env": "graph_constructor", "options": {"reward": "index"}}, "ag")

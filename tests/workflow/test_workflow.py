@@ -145,6 +145,8 @@ def _assert_autograph_outputs(tmp_path: Path, log: str, con) -> None:
         "select run_id, metric, value from evals where dataset = 'world_test'").fetchall()}
     for run in ("autograph_r1_base", "autograph_r1_sft", "autograph_r1_rl"):
         assert 0.0 <= metrics[run, "recall@2"] <= 1.0 and (run, "valid") in metrics
+        assert 0.0 <= metrics[run, "carried"] <= metrics[run, "valid"]  # R_C's term: only a valid graph carries
+    assert "autograph_r1_rl" in (tmp_path / "results/tables/autograph_carried.md").read_text()
     # The gold KG links questions to their passages; the untrained random policy writes no valid
     # triple, so its graph ranks nothing (recall 0, every question unranked).
     assert metrics["graph_gold", "recall@5"] > 0.3

@@ -225,24 +225,29 @@ class ConstructorEngine:
                 "response": "\n".join(t.texts), "question_type": question_type(dict(row))}
 
 
-EVAL_COLUMNS = ("recall@2", "recall@5", "reward", "valid", "triples", "repetition")
+EVAL_COLUMNS = ("recall@2", "recall@5", "carried", "reward", "valid", "triples", "repetition")
 
 
 def eval_metrics(recipe, row: Mapping[str, Any], trajectory) -> dict:
     """Per episode: the PPR retriever's recall@2/@5 of the supporting passages over the graph the
-    constructor built from the episode's documents (0 for an invalid episode, as in training),
-    the training reward, validity, triple count and repetition share."""
-    from ragrl.kg.constructor import episode_ranking
-    from ragrl.rewards.autograph import recall_at_k
+    constructor built from the episode's documents (0 for an invalid episode, as in training);
+    `carried`, R_C's task term under the deterministic judge (its subgraph joins the question to
+    the answer), whichever reward the recipe trains with, so every constructor is measured by
+    both reward kinds; the training reward, validity, triple count and repetition share."""
+    from ragrl.kg.constructor import carrier_items, episode_ranking
+    from ragrl.rewards.autograph import ConnectivityJudge, recall_at_k
 
     o: GraphConstructorOptions = recipe.options
     episode, ranking = trajectory.episode, None
     recall = {"recall@2": 0.0, "recall@5": 0.0}
+    carried = 0.0
     if trajectory.complete:
         ranking = episode_ranking(episode, trajectory.turns, embedder(o), o.top_triples)
         recall = {f"recall@{k}": recall_at_k(ranking.passage_ids, episode.supporting_ids, k) for k in (2, 5)}
+        item = carrier_items(episode, trajectory.turns, None, o.hops)  # no embedder, as R_C's training score
+        carried = float(ConnectivityJudge().judge([item])[0])
     s = ConstructorEnvironment(o).score(episode, trajectory, ranking)
-    return {**recall, "reward": s.reward, "valid": float(trajectory.complete),
+    return {**recall, "carried": carried, "reward": s.reward, "valid": float(trajectory.complete),
             "triples": float(len(trajectory.triples())), "repetition": s.components.get("repetition", 0.0)}
 
 
