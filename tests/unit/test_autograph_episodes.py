@@ -364,6 +364,7 @@ def test_engine_hook_drives_constructor_episodes_for_rl_and_evaluation(tiny, mon
     scored = method.eval_metrics(index, tiny.qa[0], trajs[0])
     assert scored["reward"] == method.score(index, trajs[0], tiny.qa[0]).reward
     assert scored["reward"] == pytest.approx(scored["recall@5"] - scored["repetition"])
+    assert scored["carried"] == 1.0  # R_C's term is measured under an R_I recipe too
 
     # The RL stage's rollout function, with the engine swapped in by the method, scores every
     # sample: the gold graph links each answer to the question's entity (connectivity judge: yes).

@@ -235,7 +235,7 @@ def eval_metrics(recipe, row: Mapping[str, Any], trajectory) -> dict:
     the answer), whichever reward the recipe trains with, so every constructor is measured by
     both reward kinds; the training reward, validity, triple count and repetition share."""
     from ragrl.kg.constructor import carrier_items, episode_ranking
-    from ragrl.rewards.autograph import ConnectivityJudge, recall_at_k
+    from ragrl.rewards.autograph import connected_answer, recall_at_k
 
     o: GraphConstructorOptions = recipe.options
     episode, ranking = trajectory.episode, None
@@ -244,8 +244,8 @@ def eval_metrics(recipe, row: Mapping[str, Any], trajectory) -> dict:
     if trajectory.complete:
         ranking = episode_ranking(episode, trajectory.turns, embedder(o), o.top_triples)
         recall = {f"recall@{k}": recall_at_k(ranking.passage_ids, episode.supporting_ids, k) for k in (2, 5)}
-        item = carrier_items(episode, trajectory.turns, None, o.hops)  # no embedder, as R_C's training score
-        carried = float(ConnectivityJudge().judge([item])[0])
+        # ConnectivityJudge's verdict; no embedder, as R_C's training score
+        carried = float(connected_answer(carrier_items(episode, trajectory.turns, None, o.hops)))
     s = ConstructorEnvironment(o).score(episode, trajectory, ranking)
     return {**recall, "carried": carried, "reward": s.reward, "valid": float(trajectory.complete),
             "triples": float(len(trajectory.triples())), "repetition": s.components.get("repetition", 0.0)}
