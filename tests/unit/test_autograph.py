@@ -302,6 +302,18 @@ def test_judge_prompt_comes_from_files_and_keeps_braces():
     assert "No relevant triples found." in judge_prompt(JudgeItem("q", ("a",), ()))[1]["content"]
 
 
+def test_judge_prompt_shows_a_triple_spelling_a_placeholder_as_written():
+    # A constructor that writes "{answer}" as an object must not have the gold answer put in its
+    # graph for the judge to find (a forged R_C); nor may "{question}" pull in the question.
+    item = JudgeItem("Where was Ann Vole born?", ("Port Lund",),
+                     (T("Ann Vole", "born in", "{answer}"), T("{question}", "r", "{triples}")))
+    content = judge_prompt(item)[1]["content"]
+    context = content.split("Question:")[0]
+    assert "(Ann Vole-born in->{answer})" in context and "({question}-r->{triples})" in context
+    assert "Port Lund" not in context and "Where was" not in context
+    assert content.count("Port Lund") == 1 and "True Answer:Port Lund" in content
+
+
 @pytest.mark.parametrize("text,expected", [("Yes", True), (" yes.", True), ("No", False), ("", False), (None, False)])
 def test_read_verdict(text, expected):
     assert read_verdict(text) is expected

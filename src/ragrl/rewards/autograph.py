@@ -58,14 +58,18 @@ def connected_answer(item: JudgeItem) -> bool:
     return bool(targets & {int(n) for t in walked for n in (graph.heads[t], graph.tails[t])})
 
 
+_PLACEHOLDER = re.compile(r"\{(triples|question|answer)\}")
+
+
 def judge_prompt(item: JudgeItem, system: str | None = None, user: str | None = None) -> list[dict[str, str]]:
     """The authors' verify-answer messages (deduce_answer in their subgraph retriever)."""
     system = system if system is not None else _prompt("autograph_judge_system.txt")
     user = user if user is not None else _prompt("autograph_judge_user.txt")
     facts = ". ".join(f"({t.subject}-{t.relation}->{t.object})" for t in item.triples) or "No relevant triples found."
-    # str.replace, not str.format: the facts are model text and may contain braces.
-    content = (user.replace("{triples}", facts).replace("{question}", item.question)
-               .replace("{answer}", item.answers[0] if item.answers else ""))
+    # One pass over the template only: the facts are model text, and a triple that spells
+    # "{answer}" must reach the judge as written, not as the gold answer (a forged yes).
+    values = {"triples": facts, "question": item.question, "answer": item.answers[0] if item.answers else ""}
+    content = _PLACEHOLDER.sub(lambda m: values[m[1]], user)
     return [{"role": "system", "content": system.strip()}, {"role": "user", "content": content.strip()}]
 
 
