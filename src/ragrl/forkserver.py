@@ -103,7 +103,10 @@ def _recv(sock: socket.socket, with_fds: bool = False) -> tuple[dict | None, lis
         if size > _MAX_MESSAGE:
             raise ValueError(f"message of {size} bytes")
         body = _read_up_to(sock, b"", size)
-        return (None if body is None else json.loads(body)), fds
+        try:
+            return (None if body is None else json.loads(body)), fds
+        except RecursionError:  # JSON nested past the decoder's depth: malformed, not a reason to stop
+            raise ValueError("message nested too deeply") from None
     except (OSError, ValueError):
         for fd in fds:  # a failed request's descriptors are never used
             os.close(fd)

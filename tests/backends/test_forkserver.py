@@ -205,8 +205,11 @@ def test_what_the_server_cannot_stand_in_for_runs_in_the_client(server, tmp_path
 
 def test_a_malformed_request_is_refused_and_the_server_serves_on(server, tmp_path):
     sock, log, proc = server
-    # Not JSON; a length of 2 GiB (refused at the header, not read); a request that is not an object.
-    for payload in (b"\x00\x00\x00\x05nope!", b"\x80\x00\x00\x00", b"\x00\x00\x00\x02[]"):
+    # Not JSON; a length of 2 GiB (refused at the header, not read); a request that is not an object;
+    # JSON nested past the decoder's recursion limit (a RecursionError, not a ValueError, in json).
+    deep = b"[" * 200_000
+    for payload in (b"\x00\x00\x00\x05nope!", b"\x80\x00\x00\x00", b"\x00\x00\x00\x02[]",
+                    forkserver._HEADER.pack(len(deep)) + deep):
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(str(sock))
             s.sendall(payload)

@@ -3,11 +3,14 @@ fast the job ends, the client reports the job's own exit status and never runs t
 
 from __future__ import annotations
 
+import array
 import os
 import signal
 import socket
 import threading
 import time
+
+import pytest
 
 from ragrl import forkserver
 
@@ -40,6 +43,34 @@ def test_messages_queued_together_are_read_one_at_a_time():
         forkserver._send(a, {"status": 3})
         a.close()
         assert [forkserver._recv(b)[0] for _ in range(3)] == [{"pid": 7}, {"status": 3}, None]
+
+
+def test_a_request_nested_past_the_json_depth_is_a_malformed_one_and_its_descriptors_are_closed():
+    # json raises RecursionError there, which the server's accept loop would not catch: it must
+    # come out as the ValueError every other unreadable request gives, with the fds closed.
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    pipe = os.readlink(f"/proc/self/fd/{w}")  # "pipe:[inode]", the same for both ends
+
+    def ends_open() -> int:
+        return sum(1 for fd in os.listdir("/proc/self/fd") if _link(fd) == pipe)
+
+    with a, b:
+        deep = b"[" * 200_000
+        a.sendmsg([forkserver._HEADER.pack(len(deep)) + deep],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
+        os.close(r)
+        with pytest.raises(ValueError, match="nested"):
+            forkserver._recv(b, with_fds=True)
+        assert ends_open() == 1  # w alone: the received copy of r was closed
+    os.close(w)
+
+
+def _link(fd: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
 
 
 def test_a_job_that_ends_before_the_client_reads_reports_its_own_status(tmp_path, monkeypatch):
