@@ -77,9 +77,10 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp)
 
 
-def read_columns(path: str | os.PathLike, columns: list[str], optional: tuple[str, ...] = ()) -> pa.Table:
-    """`columns` (and those of `optional` the file has) of a parquet file; a missing column is an
-    error naming the file, the column and what the file has, not Arrow's bare field lookup."""
+def read_columns(path: str | os.PathLike, columns: list[str], optional: tuple[str, ...] | None = ()) -> pa.Table:
+    """`columns` (and those of `optional` the file has; every other column when `optional` is
+    None) of a parquet file; a missing column is an error naming the file, the column and what the
+    file has, not Arrow's bare field lookup."""
     from ragrl.errors import DataFormatError
 
     try:
@@ -91,7 +92,8 @@ def read_columns(path: str | os.PathLike, columns: list[str], optional: tuple[st
     missing = [c for c in columns if c not in names]
     if missing:
         raise DataFormatError(path, f"missing column(s) {missing}; the file has {names}")
-    return pq.read_table(path, columns=list(columns) + [c for c in optional if c in names and c not in columns])
+    extra = names if optional is None else optional
+    return pq.read_table(path, columns=list(columns) + [c for c in extra if c in names and c not in columns])
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:

@@ -403,6 +403,22 @@ def test_train_log_from_verl_attempts(tmp_path):
     assert records[3] == {"step": 4, "reward_mean": 1.0, "kl": 0.01}
 
 
+def test_train_log_skips_a_killed_attempts_half_line_and_names_a_bad_one(tmp_path):
+    from ragrl.errors import DataFormatError
+
+    killed = tmp_path / "attempt-1.jsonl"
+    killed.write_text(json.dumps({"step": 1, "data": {"critic/score/mean": 0.5}}) + '\n{"step": 2, "da')
+    assert convert_log([killed]) == [{"step": 1, "reward_mean": 0.5}]
+    bad = tmp_path / "attempt-2.jsonl"
+    bad.write_text('{"data": {}}\n' + json.dumps({"step": 3, "data": {}}) + "\n")
+    with pytest.raises(DataFormatError, match=r"attempt-2\.jsonl:1: not a verl log record.*'step'"):
+        convert_log([killed, bad])
+    bad.write_text('{"step": 3, "da\n')  # a broken line that is not the last write of a killed run
+    bad.write_text(bad.read_text() + json.dumps({"step": 4, "data": {}}) + "\n")
+    with pytest.raises(DataFormatError, match=r"attempt-2\.jsonl:1:"):
+        convert_log([bad])
+
+
 def test_verl_reward_scores_the_recorded_turns_not_the_text():
     """verl's reward reads the agent loop's turn record: a turn-limit notice the policy typed into
     its own turn does not excuse that turn from <think>, as it would if the text were re-parsed."""

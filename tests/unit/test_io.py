@@ -58,3 +58,22 @@ def test_files_written_private_inside_a_dir_get_plain_modes(tmp_path):
         os.umask(old)
     mode = lambda p: stat.S_IMODE((tmp_path / "model" / p).stat().st_mode)  # noqa: E731
     assert (mode("model.safetensors"), mode("sub"), mode("sub/run.sh")) == (0o644, 0o755, 0o755)
+
+
+def test_qa_rows_keep_every_column_and_a_missing_one_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragrl.errors import DataFormatError
+    from ragrl.train.sft_data import read_qa_rows
+
+    good = tmp_path / "qa.parquet"
+    pq.write_table(pa.table({"id": ["q1", "q2"], "question": ["a?", "b?"], "golden_answers": [["A"], ["B"]],
+                             "metadata": ['{"type": "1hop"}', "{}"], "supporting_ids": [["w1"], []]}), good)
+    rows = read_qa_rows(good, limit=1)
+    assert rows == [{"id": "q1", "question": "a?", "golden_answers": ["A"], "metadata": '{"type": "1hop"}',
+                     "supporting_ids": ["w1"]}]
+    bad = tmp_path / "no_golds.parquet"
+    pq.write_table(pa.table({"id": ["q1"], "question": ["a?"]}), bad)
+    with pytest.raises(DataFormatError, match=r"no_golds\.parquet.*golden_answers"):
+        read_qa_rows(bad)

@@ -53,6 +53,7 @@ def test_truthfulqa_csv_and_hf_jsonl():
     ("simpleqa", "metadata,problem,answer\n{},q,a\n{},,a\n", ":3: field 'problem': must not be empty"),
     ("simpleqa", "metadata,problem,answer\n{},q,a\n\"{'topic': \",q,a\n", ":3: field 'metadata': not a dict literal"),
     ("simpleqa", "metadata,problem,answer\n\"__import__('os')\",q,a\n", ":2: field 'metadata': not a dict literal"),
+    ("simpleqa", "metadata,problem,answer\n\"{[1]: 2}\",q,a\n", ":2: field 'metadata': not a dict literal"),
     ("simpleqa", "metadata,problem,answer\n{},q\n", ":2: expected 3 fields"),
     ("simpleqa", "metadata,problem,answer\n", "empty file: no questions"),
     ("truthfulqa", "Type,Category,Question,Best Answer,Correct Answers,Incorrect Answers,Source\n"

@@ -12,7 +12,7 @@ import pytest
 
 from ragrl.corpus import read_passages
 from ragrl.data import QA_SCHEMA, load_qa, write_qa
-from ragrl.errors import DataFormatError
+from ragrl.errors import DataFormatError, InputError
 
 QA = Path(__file__).resolve().parents[2] / "resources" / "fixtures" / "qa"
 
@@ -227,3 +227,18 @@ def test_mixed_qa_rejects_a_question_id_in_both_files(tmp_path):
     with pytest.raises(DataFormatError):
         write_qa("musique", [QA / "musique.jsonl", copy], out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("meta, needle", [("{not json", "not a JSON object"), ("[1, 2]", "expected a JSON object, got list"),
+                                          (3, "not a JSON object")])
+def test_row_metadata_that_is_not_an_object_names_the_row(meta, needle):
+    from ragrl.data.qa import row_golds, row_metadata
+    from ragrl.train.kg_sft_data import topic_entities
+
+    row = {"id": "kgqa-7", "question": "q", "golden_answers": ["a"], "metadata": meta}
+    for read in (row_metadata, row_golds, topic_entities):
+        with pytest.raises(InputError, match=f"QA row 'kgqa-7': metadata: {needle}"):
+            read(row)
+    ok = {"id": "x", "golden_answers": ["a"], "metadata": '{"answers": [{"text": "A", "kb_id": "m.1"}], "topic_entities": ["m.0"]}'}
+    assert row_golds(ok) == [{"text": "A", "kb_id": "m.1"}] and topic_entities(ok) == ["m.0"]
+    assert row_golds({"id": "y", "golden_answers": ["b"]}) == ["b"] and row_metadata({"id": "y"}) == {}

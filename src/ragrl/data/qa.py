@@ -233,7 +233,7 @@ def _simpleqa(path: PathLike) -> Located:
         try:
             # SimpleQA writes metadata as a Python dict literal ('single quotes'): read as a literal.
             metadata = ast.literal_eval(row["metadata"]) if row["metadata"].strip() else {}
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):  # e.g. {[1]: 2}, deep nesting
             raise at.error("not a dict literal", "metadata") from None
         if not isinstance(metadata, dict):
             raise at.error(f"expected a dict, got {type(metadata).__name__}", "metadata")
@@ -287,12 +287,23 @@ _LOADERS: dict[str, Callable[[PathLike], Located]] = {
 }
 
 
+def row_metadata(row: dict) -> dict:
+    """A QA-contract row's metadata as a mapping ({} when absent); metadata that is not a JSON
+    object is an error naming the row and the field, not a bare JSONDecodeError from a reward."""
+    meta = row.get("metadata") or "{}"
+    try:
+        meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InputError(f"QA row {row.get('id')!r}: metadata: not a JSON object ({exc})") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"QA row {row.get('id')!r}: metadata: expected a JSON object, got {type(meta).__name__}")
+    return meta
+
+
 def row_golds(row: dict) -> list[dict[str, str] | str]:
     """Gold answers of a QA-contract row: the KGQA entities ({text, kb_id}) kept in its metadata
     by the `kgqa` loader, else its plain golden_answers."""
-    meta = row.get("metadata") or "{}"
-    meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
-    answers = meta.get("answers")
+    answers = row_metadata(row).get("answers")
     if isinstance(answers, list) and answers:
         return [a for a in answers if isinstance(a, (dict, str))]
     return [str(g) for g in row.get("golden_answers") or []]

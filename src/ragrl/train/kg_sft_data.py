@@ -37,7 +37,6 @@ rollout budgets unchanged.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,7 +52,7 @@ from ragrl.agent.protocol import (
     shown_question,
 )
 from ragrl.agent.rollout import RolloutEngine
-from ragrl.data.qa import row_golds
+from ragrl.data.qa import row_golds, row_metadata
 from ragrl.errors import InputError
 from ragrl.hashing import in_hashed_share
 from ragrl.kg.store import KGStore
@@ -114,9 +113,7 @@ def _rename(text: str, renames: Sequence[tuple[str, str]]) -> str:
 
 
 def topic_entities(row: dict) -> list[str]:
-    meta = row.get("metadata") or "{}"
-    meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
-    return [str(t) for t in meta.get("topic_entities") or []]
+    return [str(t) for t in row_metadata(row).get("topic_entities") or []]
 
 
 def _answer_ids(store: KGStore, golds: Sequence[dict | str]) -> set[int]:

@@ -102,14 +102,25 @@ def convert_log(attempts: list[Path]) -> list[dict]:
 
     A resumed run logs again from its checkpoint's step: the later attempt wins for a step.
     """
+    from ragrl.errors import DataFormatError
+
     by_step: dict[int, dict] = {}
     for path in attempts:
-        for line in path.read_text().splitlines():
+        text = path.read_text()
+        lines = text.splitlines()
+        for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            obj = json.loads(line)
-            data = obj.get("data") or {}
-            record = {"step": int(obj["step"])}
+            try:
+                obj = json.loads(line)
+                data = obj.get("data") or {}
+                record = {"step": int(obj["step"])}
+                if not isinstance(data, dict):
+                    raise TypeError(f"'data' is a {type(data).__name__}")
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+                if n == len(lines) and not text.endswith("\n"):
+                    break  # the line a killed attempt was writing: its step is logged again on resume
+                raise DataFormatError(path, f"not a verl log record {{step, data}} ({exc!r})", line=n) from None
             for key, ours in LOG_KEYS.items():
                 value = data.get(key)
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
