@@ -44,16 +44,23 @@ def _teacher_recipe(teacher: dict) -> dict:
 # --------------------------------------------------------------------------- config (no server)
 
 
-@pytest.mark.parametrize("teacher", [
-    {"model": "Qwen/Qwen2.5-7B-Instruct"},  # no base_url: the job serves it
-    {"model": "m", "serve": True},
-    {"model": "m", "serve": {"python": "/x/bin/python", "args": ["--tensor-parallel-size", "2"],
-                             "startup_timeout_s": 1200, "served_name": "teacher"}},
-    {"model": "m", "base_url": "http://host:8000"},  # external
-    {"model": "m", "base_url": "http://host:8000", "serve": False},
+@pytest.mark.parametrize("teacher, server", [
+    # no base_url: the job serves it, under its own name, with the default start-up limit
+    ({"model": "Qwen/Qwen2.5-7B-Instruct"}, ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct", None, (), 900.0)),
+    ({"model": "m", "serve": True}, ("m", "m", None, (), 900.0)),
+    ({"model": "m", "serve": {"python": "/x/bin/python", "args": ["--tensor-parallel-size", "2"],
+                              "startup_timeout_s": 1200, "served_name": "teacher"}},
+     ("m", "teacher", "/x/bin/python", ("--tensor-parallel-size", "2"), 1200.0)),
+    ({"model": "m", "base_url": "http://host:8000"}, None),  # external: nothing to start
+    ({"model": "m", "base_url": "http://host:8000", "serve": False}, None),
 ])
-def test_teacher_routes_accepted(teacher):
-    parse_recipe(_teacher_recipe(teacher), "r")
+def test_teacher_routes_accepted(teacher, server, tmp_path):
+    from ragrl.stages.agent import served_model
+
+    recipe = parse_recipe(_teacher_recipe(teacher), "r")
+    spec = served_model(recipe.sft["teacher"], tmp_path / "teacher.log")
+    got = None if spec is None else (spec.model, spec.served_name, spec.python, spec.args, spec.startup_timeout_s)
+    assert got == server
 
 
 @pytest.mark.parametrize("teacher,needle", [

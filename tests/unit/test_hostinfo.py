@@ -33,7 +33,7 @@ def test_host_info_names_torch_and_its_kernels(monkeypatch):
     info = host_info()
     assert info["torch"] == torch.__version__
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    assert info["cuda_device"] is None or isinstance(info["cuda_device"], str)
+    assert info["cuda_device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
     assert info["env"] == {"MKL_CBWR": "AVX2"}
     json.dumps(info)  # a JSON object as it stands
     # a process that never imported torch is described without it (its numbers owe nothing to torch)

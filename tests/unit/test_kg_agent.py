@@ -27,7 +27,7 @@ from ragrl.errors import DataFormatError
 from ragrl.kg.store import KGStore, load_kg
 from ragrl.recipe import parse_recipe
 from ragrl.rewards.kg import DEFAULT_TURN_WEIGHTS, kg_rewards
-from ragrl.kg.environment import KGEnvironment
+from ragrl.kg.environment import KGBackendError, KGEnvironment
 from ragrl.methods import get_method
 from ragrl.stages.agent import load_backends
 from ragrl.stages.agent_rl import make_rollout_fn
@@ -325,7 +325,7 @@ def test_subgraph_mode_serves_each_trajectory_its_own_question(tiny):
     copies, stats = kg_gold_trajectories(rows, engine, store, readable_share=0.5, readable_copies=True)
     assert stats.kept == stats.total > len(gold_sub) and any(g["id"].endswith("#readable") for g in copies)
     # Without its question id a subgraph-mode call is a pipeline error, not an observation.
-    with pytest.raises(Exception, match="sample"):
+    with pytest.raises(KGBackendError, match=r"no subgraph for sample_id None"):
         RolloutEngine(SegmentGenerator(gold_sub), tiny.tok, KGEnvironment(sub), CFG).run_questions(
             [by_id[gold_sub[0]["id"]]["question"]], n=1)
 

@@ -82,6 +82,8 @@ def _check_world(world_dir: Path) -> None:
             for head, rel, tail in hops:
                 assert any(p["title"] == head and fact_stated(p["text"], entities[head], rel, tail) for p in support), (
                     row["id"], head, rel, tail)
+                # And, without the generator's own matcher: the tail's text is in such a passage.
+                assert any(p["title"] == head and tail in p["text"] for p in support), (row["id"], head, rel, tail)
                 used_facts.setdefault(split, set()).add((head, rel))
                 assert entities[head].split == split
             if meta["type"] in ("1hop", "bridge"):
