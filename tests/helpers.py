@@ -14,6 +14,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -337,3 +338,20 @@ def clustered_unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
     centres = rng.standard_normal((50, dim))
     x = centres[rng.integers(0, 50, n)] + 0.7 * rng.standard_normal((n, dim))
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+# KnowRL's one-topic knowledge base: a person, their facts, and a question about one of them.
+KNOWRL_PERSON = "Kila V. Daisam"
+KNOWRL_ROW = {"id": "q1", "question": f"Where was {KNOWRL_PERSON} born?", "golden_answers": ["Port Velmar", "Velmar"],
+              "metadata": json.dumps({"topic_entity": KNOWRL_PERSON, "type": "factual"})}
+
+
+def knowrl_kb(root: Path) -> Path:
+    """`root/knowledge_base.db` built from one document about KNOWRL_PERSON."""
+    from ragrl.kb.build import build_kb
+
+    (root / "docs.jsonl").write_text(json.dumps({"title": KNOWRL_PERSON, "text": (
+        f"{KNOWRL_PERSON} was born in Port Velmar. {KNOWRL_PERSON} works for Gipusk Holdings. "
+        f"{KNOWRL_PERSON} was born in the year 1953.")}))
+    build_kb([root / "docs.jsonl"], root / "knowledge_base.db")
+    return root / "knowledge_base.db"

@@ -10,24 +10,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from ragrl.kb.build import build_kb
 from ragrl.methods import get_method
 from ragrl.recipe import parse_recipe
 from ragrl.rewards.knowrl import em_grade, format_reward, is_refusal, simpleqa_rates, think_text
 from ragrl.settings import RolloutConfig
+from helpers import KNOWRL_PERSON, KNOWRL_ROW, knowrl_kb
 
-PERSON = "Kila V. Daisam"
-ROW = {"id": "q1", "question": f"Where was {PERSON} born?", "golden_answers": ["Port Velmar", "Velmar"],
-       "metadata": json.dumps({"topic_entity": PERSON, "type": "factual"})}
+PERSON, ROW = KNOWRL_PERSON, KNOWRL_ROW
 
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
-    d = tmp_path_factory.mktemp("kb")
-    (d / "docs.jsonl").write_text(json.dumps({"title": PERSON, "text": (
-        f"{PERSON} was born in Port Velmar. {PERSON} works for Gipusk Holdings. {PERSON} was born in the year 1953.")}))
-    build_kb([d / "docs.jsonl"], d / "knowledge_base.db")
-    return d / "knowledge_base.db"
+    return knowrl_kb(tmp_path_factory.mktemp("kb"))
 
 
 def recipe(db, **options):

@@ -22,6 +22,7 @@ from ragrl.agent.protocol import (
     Action,
     ActionSpec,
     DEFAULT_QUERY_SEPARATORS,
+    PROTOCOL_TAGS,
     RAG_R1_MULTI_QUERY_INSTRUCTION,
     dropped_note,
     format_docs,
@@ -29,6 +30,7 @@ from ragrl.agent.protocol import (
     format_rag_r1_json,
     invalid_message,
     parse_action,
+    sanitize,
 )
 from ragrl.errors import InputError
 
@@ -106,8 +108,8 @@ class SearchEnvironment:
                 cursor += len(action.queries)
                 out.append(self._render(action, hits, reserved))
             else:
-                out.append(invalid_message(action.error if action.kind == "invalid" else
-                                           f"<{action.kind}> is not available here.", self.spec))
+                out.append(invalid_message(_quoted(action.error if action.kind == "invalid" else
+                                                   f"<{action.kind}> is not available here.", reserved), self.spec))
         return out
 
     def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
@@ -194,8 +196,10 @@ class MultiQuerySearchEnvironment(SearchEnvironment):
 
     def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
         render = format_rag_r1_json if self.format.observation == "json" else format_multi_docs
-        # The note goes first: a long observation is truncated from the end.
-        return dropped_note(action.dropped, self.max_queries) + render(action.queries, hits, reserved)
+        # The note goes first: a long observation is truncated from the end. The dropped queries are
+        # the model's text, defused like the kept ones ("<|im_end|>" survives a "," separator).
+        dropped = [sanitize(q, reserved) for q in action.dropped]
+        return dropped_note(dropped, self.max_queries) + render(action.queries, hits, reserved)
 
 
 class ClosedBookEnvironment:
@@ -212,8 +216,20 @@ class ClosedBookEnvironment:
 
     def respond(self, actions: Sequence[Action], reserved: Iterable[str] = (),
                 sample_ids: Sequence[str | None] | None = None) -> list[str | None]:
+        reserved = tuple(reserved)
         return [None if a.kind == "answer" else
-                invalid_message(a.error or f"<{a.kind}> is not available here.", self.spec) for a in actions]
+                invalid_message(_quoted(a.error or f"<{a.kind}> is not available here.", reserved), self.spec)
+                for a in actions]
+
+
+def _quoted(error: str | None, reserved: tuple[str, ...]) -> str | None:
+    """An error with the tokenizer's reserved tokens defused: it may quote the model ("unknown tag
+    <s>." names Llama's BOS token, which the observation's encoding would turn into the real one).
+    Its protocol tags stay literal: they name what the model should write."""
+    for token in reserved:
+        if error and token.startswith("<") and token not in PROTOCOL_TAGS:
+            error = error.replace(token, "&lt;" + token[1:])
+    return error
 
 
 def _checked(results, queries: list[str], topk: int) -> list[list[dict]]:

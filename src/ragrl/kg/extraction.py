@@ -17,6 +17,7 @@ Everything here is pure and never raises, whatever the text: a bad turn is a `Pa
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ TRIPLE_KEYS = ("subject", "relation", "object")
 MAX_TURN_CHARS = 200_000
 MAX_TRIPLES_PER_TURN = 1_000
 MAX_NAME_CHARS = 500
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ def clean_name(value: object) -> str | None:
     if not isinstance(value, str):
         return None
     name = " ".join(unicodedata.normalize("NFC", value).split())
+    # A lone surrogate (the model escaped half an emoji, "\\ud83d", and JSON decodes it) is not
+    # UTF-8: the KG's parquet table, the embedder and the results file would raise on the name.
+    if _SURROGATE.search(name):
+        return None
     return name if 0 < len(name) <= MAX_NAME_CHARS else None
 
 
@@ -102,7 +108,7 @@ def parse_triples(text: object, *, allow_empty: bool = False) -> ParsedTurn:
         bad = [k for k, n in zip(TRIPLE_KEYS, names) if n is None]
         if bad:
             return ParsedTurn(False, error=f"item {i}: {', '.join(bad)} must be a non-empty string "
-                                           f"of at most {MAX_NAME_CHARS} characters")
+                                           f"of at most {MAX_NAME_CHARS} characters (no lone surrogates)")
         triples.append(Triple(*names))  # type: ignore[arg-type]  # all three checked above
     return ParsedTurn(True, tuple(triples))
 
