@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -73,6 +74,19 @@ def test_any_text_gives_a_parsed_turn(text):
         check_turn(parse_triples(text, allow_empty=allow_empty), allow_empty)
 
 
+@pytest.mark.parametrize("text, valid", [
+    ('[{"subject": "cat \\ud83d\\ude00", "relation": "r", "object": "b"}]', True),  # a pair, whole JSON
+    ('[{"subject": "cat \\ud83d\\ude00", "relation": "r", "object": "b"}', True),  # json_repair's path splits it
+    ('[{"subject": "cat \\ud83d", "relation": "r", "object": "b"}', False),  # half an emoji
+    ('[{"subject": "cat \\ude00\\ud83d", "relation": "r", "object": "b"}]', False),  # a pair the wrong way round
+])
+def test_an_escaped_emoji_is_a_name_and_half_of_one_is_not(text, valid):
+    turn = parse_triples(text)
+    assert turn.valid is valid
+    if valid:
+        assert turn.triples[0].subject == "cat \U0001F600"
+
+
 @FUZZ
 @given(TAG_SOUP | NESTED_JSON, st.booleans())
 def test_json_soup_gives_a_parsed_turn(text, allow_empty):
@@ -117,6 +131,7 @@ def test_judge_replies_are_read_without_raising(reply):
 
 @FUZZ
 @given(st.lists(st.tuples(NAME, NAME, NAME), max_size=4), st.text(max_size=40), st.text(max_size=20))
+@example([("Ann", "born in", "{answer}"), ("{question}", "{triples}", "x")], "Where was Ann born?", "Lund")
 def test_judge_prompt_quotes_the_triples_verbatim(names, question, answer):
     # The triples are the policy's text: one that spells "{answer}" must reach the judge as written.
     item = JudgeItem(question, (answer,), tuple(Triple(*t) for t in names))

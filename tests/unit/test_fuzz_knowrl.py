@@ -108,7 +108,8 @@ def test_format_reward_is_linear_in_the_completion(make):
     for n in (1_000, 50_000):
         start = time.monotonic()
         assert format_reward(make(n)) == -1.0
-        assert time.monotonic() - start < 0.5, n
+        # The old regex took 90 s at n = 4,000; this one ~30 ms at 50,000 on the 2-core machine.
+        assert time.monotonic() - start < 3.0, n
 
 
 @pytest.fixture(scope="module")

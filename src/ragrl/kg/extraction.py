@@ -63,11 +63,15 @@ def clean_name(value: object) -> str | None:
     """A usable name (NFC, trimmed, inner whitespace collapsed), or None when the value is not one."""
     if not isinstance(value, str):
         return None
+    if _SURROGATE.search(value):
+        # json_repair decodes an escaped pair ("\\ud83d\\ude00") as two surrogates: join pairs, and
+        # refuse what stays lone (half an emoji), which is not UTF-8: the KG's parquet table, the
+        # embedder and the results file would raise on the name.
+        try:
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16")
+        except UnicodeDecodeError:
+            return None
     name = " ".join(unicodedata.normalize("NFC", value).split())
-    # A lone surrogate (the model escaped half an emoji, "\\ud83d", and JSON decodes it) is not
-    # UTF-8: the KG's parquet table, the embedder and the results file would raise on the name.
-    if _SURROGATE.search(name):
-        return None
     return name if 0 < len(name) <= MAX_NAME_CHARS else None
 
 
