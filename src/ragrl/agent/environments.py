@@ -22,7 +22,6 @@ from ragrl.agent.protocol import (
     Action,
     ActionSpec,
     DEFAULT_QUERY_SEPARATORS,
-    PROTOCOL_TAGS,
     RAG_R1_MULTI_QUERY_INSTRUCTION,
     dropped_note,
     format_docs,
@@ -108,8 +107,8 @@ class SearchEnvironment:
                 cursor += len(action.queries)
                 out.append(self._render(action, hits, reserved))
             else:
-                out.append(invalid_message(_quoted(action.error if action.kind == "invalid" else
-                                                   f"<{action.kind}> is not available here.", reserved), self.spec))
+                out.append(invalid_message(action.error if action.kind == "invalid" else
+                                           f"<{action.kind}> is not available here.", self.spec, reserved))
         return out
 
     def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
@@ -218,18 +217,9 @@ class ClosedBookEnvironment:
                 sample_ids: Sequence[str | None] | None = None) -> list[str | None]:
         reserved = tuple(reserved)
         return [None if a.kind == "answer" else
-                invalid_message(_quoted(a.error or f"<{a.kind}> is not available here.", reserved), self.spec)
+                invalid_message(a.error or f"<{a.kind}> is not available here.", self.spec, reserved)
                 for a in actions]
 
-
-def _quoted(error: str | None, reserved: tuple[str, ...]) -> str | None:
-    """An error with the tokenizer's reserved tokens defused: it may quote the model ("unknown tag
-    <s>." names Llama's BOS token, which the observation's encoding would turn into the real one).
-    Its protocol tags stay literal: they name what the model should write."""
-    for token in reserved:
-        if error and token.startswith("<") and token not in PROTOCOL_TAGS:
-            error = error.replace(token, "&lt;" + token[1:])
-    return error
 
 
 def _checked(results, queries: list[str], topk: int) -> list[list[dict]]:

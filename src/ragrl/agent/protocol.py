@@ -266,10 +266,15 @@ def sanitize(text: str, reserved: Iterable[str] = ()) -> str:
     A passage that contained "</information>" or "<|im_end|>" would otherwise be encoded as the
     real token and end the observation or the turn early; "&lt;" keeps it readable but inert.
     """
-    for token in sorted({*PROTOCOL_TAGS, *reserved}, key=len, reverse=True):
+    return _CHAT_TOKEN_RE.sub(lambda m: "&lt;" + m.group()[1:], defuse(text, {*PROTOCOL_TAGS, *reserved}))
+
+
+def defuse(text: str, tokens: Iterable[str]) -> str:
+    """`text` with each of `tokens` that starts with "<" made inert ("&lt;…"), longest first."""
+    for token in sorted(set(tokens), key=len, reverse=True):
         if token and token.startswith("<"):
             text = text.replace(token, "&lt;" + token[1:])
-    return _CHAT_TOKEN_RE.sub(lambda m: "&lt;" + m.group()[1:], text)
+    return text
 
 
 def format_docs(hits: Sequence[dict], reserved: Iterable[str] = ()) -> str:
@@ -317,7 +322,12 @@ def dropped_note(dropped: Sequence[str], max_queries: int) -> str:
     return f"Note: at most {max_queries} queries per turn; not searched: {' | '.join(dropped)}\n"
 
 
-def invalid_message(error: str | None, spec: ActionSpec = SEARCH_SPEC) -> str:
+def invalid_message(error: str | None, spec: ActionSpec = SEARCH_SPEC, reserved: Iterable[str] = ()) -> str:
+    """The explanation an invalid action gets. The error may quote the model ("unknown tag <s>."
+    names Llama's BOS token), so the tokenizer's reserved tokens in it are defused; its protocol
+    tags stay literal, as they name what the model should write."""
+    if error:
+        error = defuse(error, set(reserved) - set(PROTOCOL_TAGS))
     hint = []
     if "search" in spec.actions:
         hint.append("<search>q1 | q2</search>" if spec.multi_query else "<search>query</search>")

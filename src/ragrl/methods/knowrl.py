@@ -162,13 +162,13 @@ class _EMGrader:
 
 
 def _metadata(row: Mapping[str, Any]) -> dict:
-    """The row's metadata as a mapping ({} when absent or not a JSON object)."""
-    meta = row.get("metadata") or "{}"
+    """The row's metadata as a mapping ({} when absent or not a JSON object: no topic, no fact term)."""
+    from ragrl.data.qa import row_metadata
+
     try:
-        meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
-    except (ValueError, TypeError):
+        return row_metadata(dict(row))
+    except InputError:
         return {}
-    return meta if isinstance(meta, dict) else {}
 
 
 def topic_of(row: Mapping[str, Any]) -> str | None:
