@@ -11,10 +11,39 @@ the suite while the other worker sits idle.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+# Snakemake imports every installed executor plugin when it starts, and the SLURM plugin (2.8)
+# runs `scontrol show config` on import (its status-command help text). Where the SLURM client is
+# installed and no controller answers (this machine; CI once test_slurm has installed SLURM),
+# scontrol retries until the plugin's 10 s timeout: ~9 s of idle wall time in every Snakemake
+# call of the suite (test_paper_configs + test_methods' dry runs: 80 s -> 30 s on 3 workers). A
+# client config naming a closed port makes it fail at once. A SLURM_CONF of the user's is kept;
+# tests/backends/test_slurm.py takes this one away for its own cluster (`without_stub_slurm_conf`).
+STUB_SLURM_CONF = Path(tempfile.gettempdir()) / "ragrl-tests-no-slurm.conf"
+USER_SLURM_CONF = os.environ.get("SLURM_CONF")
+if USER_SLURM_CONF is None:
+    _tmp = STUB_SLURM_CONF.with_name(f"{STUB_SLURM_CONF.name}.{os.getpid()}")
+    _tmp.write_text("ClusterName=none\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\nMessageTimeout=1\n")
+    os.replace(_tmp, STUB_SLURM_CONF)
+    os.environ["SLURM_CONF"] = str(STUB_SLURM_CONF)
+
+
+@pytest.fixture(scope="module")
+def without_stub_slurm_conf():
+    """The real SLURM configuration for the module's tests (and the processes they start)."""
+    stub = os.environ.get("SLURM_CONF") == str(STUB_SLURM_CONF)
+    if stub:
+        del os.environ["SLURM_CONF"]
+    yield
+    if stub:
+        os.environ["SLURM_CONF"] = str(STUB_SLURM_CONF)
 
 
 def _shares_a_fixture(item: pytest.Item) -> bool:

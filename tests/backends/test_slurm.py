@@ -38,7 +38,7 @@ def _cluster_unavailable() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(without_stub_slurm_conf):
     reason = _cluster_unavailable()
     if reason:
         pytest.skip(reason)

@@ -90,3 +90,20 @@ def test_a_module_fixture_starts_once_on_real_workers(tmp_path):
     ran = (tmp_path / "ran").read_text().split()
     assert len(ran) == 8 and len(set(ran)) == 1, ran
     assert (tmp_path / "starts").read_text().split() == ran[:1]
+
+
+def test_snakemake_starts_without_waiting_on_a_slurm_controller():
+    """conftest's stub SLURM_CONF: where the SLURM client is installed, the SLURM executor plugin's
+    `scontrol show config` at Snakemake's start fails at once instead of waiting 10 s on a
+    controller that is not there (else every Snakemake call of the suite pays it)."""
+    import shutil
+    import time
+
+    from conftest import STUB_SLURM_CONF, USER_SLURM_CONF
+
+    if shutil.which("scontrol") is None or USER_SLURM_CONF is not None:
+        pytest.skip("no SLURM client here, or a SLURM_CONF of the user's (kept as it is)")
+    assert os.environ["SLURM_CONF"] == str(STUB_SLURM_CONF) and STUB_SLURM_CONF.is_file()
+    started = time.monotonic()
+    proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and time.monotonic() - started < 3, (proc.returncode, proc.stderr[-500:])
