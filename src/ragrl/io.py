@@ -84,7 +84,8 @@ def read_columns(path: str | os.PathLike, columns: list[str], optional: tuple[st
     from ragrl.errors import DataFormatError
 
     try:
-        names = pq.read_schema(path).names
+        # a directory is a dataset of parquet parts, as pq.read_table reads it
+        names = (pq.ParquetDataset(path).schema if os.path.isdir(path) else pq.read_schema(path)).names
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:

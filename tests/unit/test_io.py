@@ -77,3 +77,20 @@ def test_qa_rows_keep_every_column_and_a_missing_one_is_named(tmp_path):
     pq.write_table(pa.table({"id": ["q1"], "question": ["a?"]}), bad)
     with pytest.raises(DataFormatError, match=r"no_golds\.parquet.*golden_answers"):
         read_qa_rows(bad)
+
+
+def test_a_directory_of_parquet_parts_reads_as_one_table_and_a_missing_column_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragrl.errors import DataFormatError
+    from ragrl.io import read_columns
+
+    parts = tmp_path / "qa"
+    parts.mkdir()
+    pq.write_table(pa.table({"id": ["q1"], "question": ["a?"], "extra": [1]}), parts / "part-0.parquet")
+    pq.write_table(pa.table({"id": ["q2"], "question": ["b?"], "extra": [2]}), parts / "part-1.parquet")
+    table = read_columns(parts, ["id", "question"])
+    assert sorted(table.column("id").to_pylist()) == ["q1", "q2"] and table.column_names == ["id", "question"]
+    with pytest.raises(DataFormatError, match=r"qa.*missing column\(s\) \['golden_answers'\]"):
+        read_columns(parts, ["id", "golden_answers"])
