@@ -27,7 +27,8 @@ import pytest
 # client config naming a closed port makes it fail at once. A SLURM_CONF of the user's is kept;
 # tests/backends/test_slurm.py takes this one away for its own cluster (`without_stub_slurm_conf`).
 STUB_SLURM_CONF = Path(tempfile.gettempdir()) / "ragrl-tests-no-slurm.conf"
-USER_SLURM_CONF = os.environ.get("SLURM_CONF")
+# (xdist's workers inherit the stub from the process that starts them: it is not the user's)
+USER_SLURM_CONF = None if os.environ.get("SLURM_CONF") == str(STUB_SLURM_CONF) else os.environ.get("SLURM_CONF")
 if USER_SLURM_CONF is None:
     _tmp = STUB_SLURM_CONF.with_name(f"{STUB_SLURM_CONF.name}.{os.getpid()}")
     _tmp.write_text("ClusterName=none\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\nMessageTimeout=1\n")
