@@ -99,9 +99,10 @@ FAST_TESTS := not (integration or slow)
 SLOW_TESTS := integration or slow
 
 # The fast stage alone: `snakemake --lint`, then the unit tests, mypy's check of src/
-# (tests/unit/test_typecheck.py) among them. Needs only .venv.
+# (tests/unit/test_typecheck.py) among them. Needs only .venv. The lint's SLURM_CONF: Snakemake's
+# SLURM plugin asks a controller for its config at start-up, 10 s where none answers (tests/conftest.py).
 test-fast: $(STAMP)
-	snakemake --lint
+	SLURM_CONF=$${SLURM_CONF:-$(CURDIR)/tests/slurm-none.conf} snakemake --lint
 	$(BIN)/python -m pytest -q --durations=10 -m "$(FAST_TESTS)" $(XDIST)
 
 # The fast stage first (a broken import or unit test stops it there, in minutes), then the rest.
@@ -112,7 +113,7 @@ test: venvs
 		-m "$(SLOW_TESTS)" $(XDIST)
 
 lint: $(STAMP)
-	snakemake --lint
+	SLURM_CONF=$${SLURM_CONF:-$(CURDIR)/tests/slurm-none.conf} snakemake --lint
 
 clean:
 	rm -rf results logs benchmarks .snakemake
