@@ -259,3 +259,19 @@ def test_cli_samples_at_a_temperature_reproducibly_from_a_seed(tiny, tmp_path, c
     assert exit_info.value.code == 2
     assert "argument --temperature: must be >= 0, got '-1'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_row_with_bad_metadata_fails_before_any_rollout_and_writes_nothing(tiny, tmp_path):
+    """A question's metadata is read per batch (the KG metrics' answer entities): the evaluation
+    checks every row first, so a bad row names the file and the row before any generation."""
+    from ragrl.errors import InputError
+
+    path = tmp_path / "qa.parquet"
+    pq.write_table(pa.table({"id": ["q0", "q1"], "question": ["a?", "b?"], "golden_answers": [["a"], ["b"]],
+                             "metadata": ['{"type": "1hop"}', '["not", "an", "object"]']}), path)
+    policy = ScriptedPolicy(tiny.tok, lambda question, response: "<answer>a</answer>")
+    closed_book = get_method("none")
+    with pytest.raises(InputError, match=r"qa\.parquet: QA row 'q1': metadata: expected a JSON object, got list"):
+        evaluate(None, path, closed_book.make_environment(None, {}), tmp_path / "out", run_id="r1", dataset="toy",
+                 rollout_cfg=closed_book.eval_rollout(_Cfg()), generator=policy, tokenizer=tiny.tok)
+    assert policy.prompts == [] and not (tmp_path / "out").exists()

@@ -217,3 +217,27 @@ def test_how_the_work_is_split_resumes_and_what_is_trained_starts_over(tmp_path)
     assert (work / "checkpoints" / "step-2").is_dir() and not _aside(work)
     _prepare_work_dir(work, {"recipe": key(lr=2e-5)})
     assert not (work / "checkpoints").exists() and len(_aside(work)) == 1
+
+
+def test_a_row_with_bad_metadata_fails_before_the_work_dir_is_touched(tmp_path):
+    """The rewards read a row's metadata when its batch comes up (KG-R1's answer entities): the RL
+    job checks every training row first, so a bad row 300 of 400 fails at once, naming the file
+    and the row, and the previous checkpoints stay."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragrl.errors import InputError
+    from ragrl.recipe import parse_recipe
+    from ragrl.stages.agent_rl import train_agent
+
+    work = tmp_path / "work"
+    _prepare_work_dir(work, {"lr": 1e-4})
+    _checkpoint(work, 2)
+    before = sorted(p.relative_to(work) for p in work.rglob("*"))
+    qa = tmp_path / "qa.parquet"
+    metadata = ['{"answers": [{"text": "A", "kb_id": "m.1"}]}'] * 299 + ['{"answers": [{"text": "B"']
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(300)], "question": ["?"] * 300,
+                             "golden_answers": [["A"]] * 300, "metadata": metadata}), qa)
+    with pytest.raises(InputError, match=r"qa\.parquet: QA row 'q299': metadata: not a JSON object"):
+        train_agent(parse_recipe({"env": "kg"}, "kg_r1"), qa, tmp_path / "policy", work, None)
+    assert sorted(p.relative_to(work) for p in work.rglob("*")) == before

@@ -300,6 +300,17 @@ def row_metadata(row: dict) -> dict:
     return meta
 
 
+def check_metadata(rows: Sequence[dict], path: PathLike) -> None:
+    """Every row's metadata is a JSON object (the QA contract). RL and evaluation check all their
+    rows before the first rollout: a bad row fails the job at once, naming the file and the row,
+    not when its batch comes up hours into training (the rewards read metadata per batch)."""
+    for row in rows:
+        try:
+            row_metadata(row)
+        except InputError as exc:
+            raise InputError(f"{path}: {exc}") from None
+
+
 def row_golds(row: dict) -> list[dict[str, str] | str]:
     """Gold answers of a QA-contract row: the KGQA entities ({text, kb_id}) kept in its metadata
     by the `kgqa` loader, else its plain golden_answers."""

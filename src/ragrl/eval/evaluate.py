@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ragrl.data.qa import check_metadata
 from ragrl.errors import InputError
 from ragrl.hostinfo import host_info, trained_hosts
 from ragrl.io import read_columns, write_json, write_parquet
@@ -270,4 +271,6 @@ def _read_questions(path: str | Path, limit: int | None, columns: Sequence[str] 
     table = read_columns(path, ["id", "question", "golden_answers"], optional=("metadata", *columns))
     if limit is not None:
         table = table.slice(0, max(limit, 0))
-    return table.to_pylist()
+    rows = table.to_pylist()
+    check_metadata(rows, path)
+    return rows

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ragrl.data.qa import check_metadata
 from ragrl.errors import InputError
 from ragrl.io import atomic_path, read_columns
 from ragrl.recipe import Recipe, rl_config
@@ -164,6 +165,7 @@ def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, l
     table = read_columns(qa, ["id", "question", "golden_answers"],
                          optional=("metadata", *recipe.method.row_columns)).to_pylist()
     prompts = table[:limit] if limit else table
+    check_metadata(prompts, qa)
     prepare_work_dir(Path(out_dir), {"recipe": resume_key(recipe), "limit": limit, **(fingerprint or {})},
                      {"policy": policy, "qa": qa, **(inputs or {})})
     tokenizer = AutoTokenizer.from_pretrained(policy)
