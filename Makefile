@@ -98,11 +98,14 @@ XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 FAST_TESTS := not (integration or slow)
 SLOW_TESTS := integration or slow
 
+# The lint's SLURM_CONF: Snakemake's SLURM plugin asks a controller for its config at start-up,
+# 10 s where none answers (tests/conftest.py); a SLURM_CONF of the user's is kept.
+LINT = SLURM_CONF=$${SLURM_CONF:-$(CURDIR)/tests/slurm-none.conf} snakemake --lint
+
 # The fast stage alone: `snakemake --lint`, then the unit tests, mypy's check of src/
-# (tests/unit/test_typecheck.py) among them. Needs only .venv. The lint's SLURM_CONF: Snakemake's
-# SLURM plugin asks a controller for its config at start-up, 10 s where none answers (tests/conftest.py).
+# (tests/unit/test_typecheck.py) among them. Needs only .venv.
 test-fast: $(STAMP)
-	SLURM_CONF=$${SLURM_CONF:-$(CURDIR)/tests/slurm-none.conf} snakemake --lint
+	$(LINT)
 	$(BIN)/python -m pytest -q --durations=10 -m "$(FAST_TESTS)" $(XDIST)
 
 # The fast stage first (a broken import or unit test stops it there, in minutes), then the rest.
@@ -113,7 +116,7 @@ test: venvs
 		-m "$(SLOW_TESTS)" $(XDIST)
 
 lint: $(STAMP)
-	SLURM_CONF=$${SLURM_CONF:-$(CURDIR)/tests/slurm-none.conf} snakemake --lint
+	$(LINT)
 
 clean:
 	rm -rf results logs benchmarks .snakemake

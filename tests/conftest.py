@@ -28,20 +28,18 @@ import pytest
 # takes this one away for its own cluster (`without_stub_slurm_conf`).
 STUB_SLURM_CONF = Path(__file__).with_name("slurm-none.conf")
 # (xdist's workers inherit the stub from the process that starts them: it is not the user's)
-USER_SLURM_CONF = None if os.environ.get("SLURM_CONF") == str(STUB_SLURM_CONF) else os.environ.get("SLURM_CONF")
-if USER_SLURM_CONF is None:
-    os.environ["SLURM_CONF"] = str(STUB_SLURM_CONF)
+_INHERITED = os.environ.get("SLURM_CONF")
+USER_SLURM_CONF = None if _INHERITED == str(STUB_SLURM_CONF) else _INHERITED
+os.environ.setdefault("SLURM_CONF", str(STUB_SLURM_CONF))
 
 
 @pytest.fixture(scope="module")
 def without_stub_slurm_conf():
     """The real SLURM configuration for the module's tests (and the processes they start)."""
-    stub = os.environ.get("SLURM_CONF") == str(STUB_SLURM_CONF)
-    if stub:
-        del os.environ["SLURM_CONF"]
-    yield
-    if stub:
-        os.environ["SLURM_CONF"] = str(STUB_SLURM_CONF)
+    with pytest.MonkeyPatch.context() as mp:
+        if USER_SLURM_CONF is None:
+            mp.delenv("SLURM_CONF", raising=False)
+        yield
 
 
 def _shares_a_fixture(item: pytest.Item) -> bool:

@@ -65,7 +65,7 @@ def test_qa_rows_keep_every_column_and_a_missing_one_is_named(tmp_path):
     import pyarrow.parquet as pq
 
     from ragrl.errors import DataFormatError
-    from ragrl.train.sft_data import read_qa_rows
+    from ragrl.data.qa import read_qa_rows
 
     good = tmp_path / "qa.parquet"
     pq.write_table(pa.table({"id": ["q1", "q2"], "question": ["a?", "b?"], "golden_answers": [["A"], ["B"]],

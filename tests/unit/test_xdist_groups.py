@@ -92,7 +92,7 @@ def test_a_module_fixture_starts_once_on_real_workers(tmp_path):
     assert (tmp_path / "starts").read_text().split() == ran[:1]
 
 
-def test_snakemake_starts_without_waiting_on_a_slurm_controller():
+def test_scontrol_fails_at_once_under_the_suites_slurm_conf():
     """conftest's stub SLURM_CONF: where the SLURM client is installed, the SLURM executor plugin's
     `scontrol show config` at Snakemake's start fails at once instead of waiting 10 s on a
     controller that is not there (else every Snakemake call of the suite pays it)."""

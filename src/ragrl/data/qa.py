@@ -53,7 +53,7 @@ from ragrl.corpus.readers import (
     musique_paragraphs,
 )
 from ragrl.errors import DataFormatError, InputError
-from ragrl.io import write_parquet
+from ragrl.io import read_columns, write_parquet
 
 QA_SCHEMA = pa.schema(
     [
@@ -300,15 +300,22 @@ def row_metadata(row: dict) -> dict:
     return meta
 
 
-def check_metadata(rows: Sequence[dict], path: PathLike) -> None:
-    """Every row's metadata is a JSON object (the QA contract). RL and evaluation check all their
-    rows before the first rollout: a bad row fails the job at once, naming the file and the row,
-    not when its batch comes up hours into training (the rewards read metadata per batch)."""
+def read_qa_rows(path: PathLike, limit: int | None = None, columns: Sequence[str] | None = None) -> list[dict]:
+    """The first `limit` rows (None: all) of a QA parquet: id, question, golden_answers, and those
+    of `columns` the file has (None: every column). Checked before any work is done on them, so a
+    job fails at once naming the file: a missing required column, and a row whose metadata is not
+    a JSON object (the rewards and metrics read metadata per batch, hours into a training run)."""
+    table = read_columns(path, ["id", "question", "golden_answers"],
+                         optional=None if columns is None else tuple(columns))
+    if limit is not None:
+        table = table.slice(0, max(limit, 0))
+    rows = table.to_pylist()
     for row in rows:
         try:
             row_metadata(row)
         except InputError as exc:
             raise InputError(f"{path}: {exc}") from None
+    return rows
 
 
 def row_golds(row: dict) -> list[dict[str, str] | str]:

@@ -42,10 +42,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ragrl.data.qa import check_metadata
+from ragrl.data.qa import read_qa_rows
 from ragrl.errors import InputError
 from ragrl.hostinfo import host_info, trained_hosts
-from ragrl.io import read_columns, write_json, write_parquet
+from ragrl.io import write_json, write_parquet
 from ragrl.agent.protocol import recorded_turns
 from ragrl.rewards.qa import cover_exact_match, exact_match, f1, turns_format_reward
 
@@ -98,6 +98,9 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
         cfg = dataclasses.replace(cfg, temperature=temperature)
     if seed is not None:
         cfg = dataclasses.replace(cfg, seed=seed)
+    # The questions before the policy: a bad QA file fails before a model loads. metadata carries a
+    # KGQA row's answer entities (text and KB id) for the KG metrics.
+    rows = read_qa_rows(qa_parquet, max_questions, ("metadata", *row_columns))
     generator, tokenizer = _policy(model_dir, generator, tokenizer, device, dtype)
     trained = trained_hosts([model_dir] if model_dir is not None else [])  # before the rollouts: fails fast
     desc = f"eval {run_id}/{dataset}"
@@ -105,7 +108,6 @@ def evaluate(model_dir: str | Path | None, qa_parquet: str | Path, env, out_dir:
     generator = CountingGenerator(generator, Ticker(desc).tick)
     engine = (make_engine or RolloutEngine)(generator, tokenizer, env, cfg)
 
-    rows = _read_questions(qa_parquet, max_questions, row_columns)
     predictions = run_predictions(engine, rows, batch_size, desc=desc, extra_metrics=extra_metrics, group_of=group_of)
     metrics = {**summarize(predictions, run_id, dataset, extra_columns), "decoding": decoding(cfg)}
     out_dir = Path(out_dir)
@@ -264,13 +266,3 @@ def _quiet_progress_bars() -> None:
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
-
-
-def _read_questions(path: str | Path, limit: int | None, columns: Sequence[str] = ()) -> list[dict]:
-    # metadata carries a KGQA row's answer entities (text and KB id) for the KG metrics.
-    table = read_columns(path, ["id", "question", "golden_answers"], optional=("metadata", *columns))
-    if limit is not None:
-        table = table.slice(0, max(limit, 0))
-    rows = table.to_pylist()
-    check_metadata(rows, path)
-    return rows

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ragrl.data.qa import check_metadata
+from ragrl.data.qa import read_qa_rows
 from ragrl.errors import InputError
-from ragrl.io import atomic_path, read_columns
+from ragrl.io import atomic_path
 from ragrl.recipe import Recipe, rl_config
 
 
@@ -162,10 +162,7 @@ def train_agent(recipe: Recipe, qa: Path, policy: Path, out_dir: Path, env, *, l
     # (a previous training's checkpoints) is touched.
     cfg = rl_config(recipe)
     engine = rollout_engine(recipe)
-    table = read_columns(qa, ["id", "question", "golden_answers"],
-                         optional=("metadata", *recipe.method.row_columns)).to_pylist()
-    prompts = table[:limit] if limit else table
-    check_metadata(prompts, qa)
+    prompts = read_qa_rows(qa, limit or None, ("metadata", *recipe.method.row_columns))
     prepare_work_dir(Path(out_dir), {"recipe": resume_key(recipe), "limit": limit, **(fingerprint or {})},
                      {"policy": policy, "qa": qa, **(inputs or {})})
     tokenizer = AutoTokenizer.from_pretrained(policy)

@@ -53,8 +53,9 @@ import pyarrow as pa
 from ragrl.agent.gold_plan import GoldPlan, GoldPlanner, Hop  # noqa: F401  (re-exported)
 from ragrl.agent.protocol import observation, recorded_turns
 from ragrl.agent.rollout import RolloutEngine
+from ragrl.data.qa import read_qa_rows  # noqa: F401  (re-exported: plug-ins' gold SFT reads its QA file with it)
 from ragrl.errors import InputError
-from ragrl.io import read_columns, write_json, write_parquet
+from ragrl.io import write_json, write_parquet
 from ragrl.rewards.qa import exact_match, turns_format_reward
 
 SFT_SCHEMA = pa.schema([
@@ -278,13 +279,6 @@ def _teacher_reject(t, row: dict, engine: RolloutEngine, require_format: bool) -
 
 
 # --------------------------------------------------------------------------- files
-
-
-def read_qa_rows(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Every column of a QA parquet; one without id, question or golden_answers is an error
-    naming the file and the column, before any trajectory is built."""
-    rows = read_columns(path, ["id", "question", "golden_answers"], optional=None).to_pylist()
-    return rows if limit is None else rows[:limit]
 
 
 def write_sft_parquet(rows: Sequence[dict], path: str | Path) -> None:
