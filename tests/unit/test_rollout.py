@@ -734,6 +734,17 @@ def test_openai_seeded_rows_get_their_own_seed(vllm):
     assert seeds == [10, 11, 12] and all(len(r["body"]["prompt"]) == 1 for r in vllm.handler.requests)
 
 
+def test_openai_greedy_rows_share_one_request_whatever_the_seed(vllm):
+    # Evaluation decodes greedily and still passes its config's seed: per-row requests would cap the
+    # server's batch at the client's concurrency for nothing, since a greedy row ignores its seed.
+    gen = OpenAICompletionsGenerator(vllm.url, "policy", backoff_s=0)
+    out = gen.generate([[1], [2], [3], [4]], [3, 3, 3, 2], temperature=0.0, seed=10, stop_token_ids=[5])
+    assert out == [[1, 5], [2, 5], [3, 5], [4, 5]]
+    bodies = sorted((r["body"] for r in vllm.handler.requests), key=lambda b: -b["max_tokens"])
+    assert [b["prompt"] for b in bodies] == [[[1], [2], [3]], [[4]]]
+    assert all("seed" not in b and b["temperature"] == 0.0 for b in bodies)
+
+
 def test_openai_logprob_token_ids_and_retries(vllm):
     vllm.handler.script = [
         (503, {"error": "warming up"}),

@@ -513,10 +513,12 @@ class OpenAICompletionsGenerator:
     decoded sequence to the same ids (merges across the turn boundary, partial UTF-8 at the end),
     which silently misaligns rewards, masks and log-probabilities with what was sampled.
 
-    Batching: one request per distinct max_tokens with all those prompts, when unseeded. A seeded
-    call sends one request per row (seed + row index, concurrently): vLLM applies a request's seed
-    to every prompt in it, so the n identical prompts of a GRPO group would all get the same
-    sample.
+    Batching: one request per distinct max_tokens with all those prompts, when unseeded or greedy
+    (temperature 0: the seed changes nothing, and evaluation passes one). A seeded sampling call
+    sends one request per row (seed + row index): vLLM applies a request's seed to every prompt in
+    it, so the n identical prompts of a GRPO group would all get the same sample. Those requests go
+    out `max_workers` at a time, and vLLM batches only what is in flight, so the default keeps a
+    whole rollout batch (prompts x G) in flight on a GPU server rather than 32 rows of it.
 
     Transport errors, 429 and 5xx are retried with exponential backoff; anything else, or
     exhausted retries, raises `GenerationBackendError` naming the URL, status and response body.
@@ -524,7 +526,7 @@ class OpenAICompletionsGenerator:
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 600.0,
                  max_retries: int = 3, backoff_s: float = 1.0, logprobs: bool = True,
-                 retokenize_with=None, max_workers: int = 32, transport: httpx.BaseTransport | None = None) -> None:
+                 retokenize_with=None, max_workers: int = 256, transport: httpx.BaseTransport | None = None) -> None:
         from ragrl.http_retry import api_url
 
         self.url = api_url(base_url, "completions")
@@ -533,9 +535,11 @@ class OpenAICompletionsGenerator:
         self.backoff_s = backoff_s
         self.logprobs = logprobs
         self.retokenize_with = retokenize_with
-        self.max_workers = max_workers
+        self.max_workers = max(1, max_workers)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
+        # httpx pools 100 connections by default: more workers than that would queue on the pool.
+        limits = httpx.Limits(max_connections=self.max_workers, max_keepalive_connections=self.max_workers)
+        self.client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport, limits=limits)
 
     def close(self) -> None:
         self.client.close()
@@ -544,7 +548,7 @@ class OpenAICompletionsGenerator:
                  stop_token_ids=(), stop_strings=()) -> list[list[int]]:
         limits = row_limits(max_new_tokens, len(batch_token_ids))
         out: list[list[int]] = [[] for _ in batch_token_ids]
-        if seed is None:
+        if seed is None or temperature <= 0:
             groups: dict[int, list[int]] = {}
             for i, lim in enumerate(limits):
                 if lim > 0:
