@@ -743,6 +743,8 @@ def test_openai_greedy_rows_share_one_request_whatever_the_seed(vllm):
     bodies = sorted((r["body"] for r in vllm.handler.requests), key=lambda b: -b["max_tokens"])
     assert [b["prompt"] for b in bodies] == [[[1], [2], [3]], [[4]]]
     assert all("seed" not in b and b["temperature"] == 0.0 for b in bodies)
+    assert gen.generate([[1], [2]], 0, temperature=1.0, seed=3) == [[], []]  # no budget, no request
+    assert len(vllm.handler.requests) == 2
 
 
 def test_openai_logprob_token_ids_and_retries(vllm):

@@ -517,8 +517,8 @@ class OpenAICompletionsGenerator:
     (temperature 0: the seed changes nothing, and evaluation passes one). A seeded sampling call
     sends one request per row (seed + row index): vLLM applies a request's seed to every prompt in
     it, so the n identical prompts of a GRPO group would all get the same sample. Those requests go
-    out `max_workers` at a time, and vLLM batches only what is in flight, so the default keeps a
-    whole rollout batch (prompts x G) in flight on a GPU server rather than 32 rows of it.
+    out `max_workers` at a time, and vLLM batches only what is in flight: the default puts up to 256
+    rows of a rollout batch (prompts x G) in flight on a GPU server, where it was 32.
 
     Transport errors, 429 and 5xx are retried with exponential backoff; anything else, or
     exhausted retries, raises `GenerationBackendError` naming the URL, status and response body.
@@ -538,6 +538,7 @@ class OpenAICompletionsGenerator:
         self.max_workers = max(1, max_workers)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # httpx pools 100 connections by default: more workers than that would queue on the pool.
+        # (A `transport` given, as tests do, brings its own pool and these limits do not apply.)
         limits = httpx.Limits(max_connections=self.max_workers, max_keepalive_connections=self.max_workers)
         self.client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport, limits=limits)
 
@@ -564,7 +565,9 @@ class OpenAICompletionsGenerator:
                                      stops, list(stop_strings))
             return rows, lim, self.parse_response(self._post(body), len(rows))
 
-        if len(jobs) == 1:
+        if not jobs:  # every row's budget is 0
+            results = []
+        elif len(jobs) == 1:
             results = [run(jobs[0])]
         else:
             with concurrent.futures.ThreadPoolExecutor(min(self.max_workers, len(jobs))) as pool:
