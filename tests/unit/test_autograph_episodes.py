@@ -442,6 +442,14 @@ def test_corpus_graph_ranking_and_the_reader_retriever(tiny, tmp_path):
         3, "source_id", [["nowhere"]]), bad)
     with pytest.raises(ValueError, match=r"bad.parquet: source_id\(s\) \['nowhere'\]"):
         corpus_graph(bad, root / "passages.parquet")
+    # A QA row whose metadata is not a JSON object: the file and the row named, nothing written.
+    qa = pq.read_table(root / "qa/test.parquet").slice(0, 3).to_pylist()
+    qa[2]["metadata"] = "[1, 2]"
+    pq.write_table(pa.Table.from_pylist(qa), tmp_path / "qa_bad.parquet")
+    with pytest.raises(ValueError, match=rf"qa_bad.parquet: QA row '{qa[2]['id']}': metadata: expected a JSON object"):
+        graph_rank(root / "kg/B/triples.parquet", root / "passages.parquet", tmp_path / "qa_bad.parquet",
+                   tmp_path / "g_bad", run_id="graph_gold", dataset="world_test", embed=embed, keep=3)
+    assert not (tmp_path / "g_bad").exists()
 
 
 def test_document_unit_chains_sft_turns_distinct_documents_per_row(tiny, tmp_path):

@@ -136,7 +136,7 @@ class AnswerByQuestion:
         return [SimpleNamespace(answer=answers[sid.split("#")[0]](int(sid.split("#")[1]))) for sid in sample_ids]
 
 
-def _scripted_filter(monkeypatch, tmp_path, world, questions, types=None, **settings):
+def _scripted_filter(monkeypatch, tmp_path, world, questions, types=None, metadata=None, **settings):
     import pyarrow as pa
 
     from ragrl.io import write_parquet
@@ -151,7 +151,7 @@ def _scripted_filter(monkeypatch, tmp_path, world, questions, types=None, **sett
     columns = {"id": questions, "question": [f"Question {q}?" for q in questions],
                "golden_answers": [golds[q] for q in questions]}
     if types is not None:
-        columns["metadata"] = [json.dumps({"type": t}) for t in types]
+        columns["metadata"] = metadata or [json.dumps({"type": t}) for t in types]
     write_parquet(pa.table(columns), qa)
     harr = parse_harr({**BASE, "environment": {"topk": 2, "pool_size": 5, "rollout_batch_questions": 2},
                        "train": {"group_size": 4}, **settings})
@@ -180,6 +180,10 @@ def test_train_mix_rolls_out_only_its_types_and_caps_what_the_filter_keeps(monke
     assert pq.read_table(out).column("id").to_pylist() == ["q1", "q4"]
     with pytest.raises(ValueError, match=r"no question of the types harr\.train_mix names \(film\).*'1hop'"):
         _scripted_filter(monkeypatch, tmp_path, world, questions, types, train_mix={"film": None})
+    # Metadata that is not a JSON object fails naming the file and the row, not typed "" (never rolled out).
+    with pytest.raises(ValueError, match=r"train\.parquet: QA row 'q3': metadata: not a JSON object"):
+        metadata = [json.dumps({"type": t}) if q != "q3" else "{not json" for q, t in zip(questions, types)]
+        _scripted_filter(monkeypatch, tmp_path, world, questions, types, metadata, train_mix={"bridge": None, "1hop": 1})
     for bad in ({}, {"bridge": 0}, {"bridge": True}, ["bridge"]):
         with pytest.raises(ValueError, match=r"harr\.train_mix"):
             parse_harr({**BASE, "train_mix": bad})

@@ -300,12 +300,14 @@ def row_metadata(row: dict) -> dict:
     return meta
 
 
-def read_qa_rows(path: PathLike, limit: int | None = None, columns: Sequence[str] | None = None) -> list[dict]:
-    """The first `limit` rows (None: all) of a QA parquet: id, question, golden_answers, and those
-    of `columns` the file has (None: every column). Checked before any work is done on them, so a
-    job fails at once naming the file: a missing required column, and a row whose metadata is not
-    a JSON object (the rewards and metrics read metadata per batch, hours into a training run)."""
-    table = read_columns(path, ["id", "question", "golden_answers"],
+def read_qa_rows(path: PathLike, limit: int | None = None, columns: Sequence[str] | None = None,
+                 required: Sequence[str] = ()) -> list[dict]:
+    """The first `limit` rows (None: all) of a QA parquet: id, question, golden_answers and the
+    `required` columns, and those of `columns` the file has (None: every column). Checked before
+    any work is done on them, so a job fails at once naming the file: a missing required column,
+    and a row whose metadata is not a JSON object (the rewards and metrics read metadata per batch,
+    hours into a training run)."""
+    table = read_columns(path, ["id", "question", "golden_answers", *required],
                          optional=None if columns is None else tuple(columns))
     if limit is not None:
         table = table.slice(0, max(limit, 0))

@@ -32,7 +32,6 @@ checks each turn against that environment's own tool actions.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -42,7 +41,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ragrl.data.qa import read_qa_rows
+from ragrl.data.qa import read_qa_rows, row_metadata
 from ragrl.errors import InputError
 from ragrl.hostinfo import host_info, trained_hosts
 from ragrl.io import write_json, write_parquet
@@ -184,14 +183,9 @@ def prediction_record(row: dict, t, tools: Sequence[str]) -> dict:
 
 
 def question_type(row: dict) -> str:
-    """The row's `metadata.type` (the world's 1hop / bridge / comparison), "" when it has none."""
-    meta = row.get("metadata")
-    if isinstance(meta, str):
-        try:
-            meta = json.loads(meta)
-        except ValueError:
-            return ""
-    kind = meta.get("type") if isinstance(meta, dict) else None
+    """The row's `metadata.type` (the world's 1hop / bridge / comparison), "" when it has none.
+    Rows come from `read_qa_rows`, which has checked their metadata."""
+    kind = row_metadata(row).get("type")
     return kind if isinstance(kind, str) else ""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ragrl.data.qa import read_qa_rows
 from ragrl.errors import InputError
 from ragrl.eval.evaluate import question_type, summarize, write_metrics
 from ragrl.io import read_columns, write_parquet
@@ -52,8 +53,7 @@ def graph_rank(triples: str | Path, passages: str | Path, qa: str | Path, out_di
     graph = corpus_graph(triples, passages)
     print(f"[graph-rank] {run_id}: {len(graph.entities)} entities, {len(graph.passages)} passages, "
           f"{len(graph.triples)} triples", file=sys.stderr, flush=True)
-    rows = read_columns(qa, ["id", "question", "supporting_ids"], optional=("metadata",)).to_pylist()
-    rows = rows[:max_questions] if max_questions else rows
+    rows = read_qa_rows(qa, max_questions or None, columns=("metadata",), required=("supporting_ids",))
     retriever = GraphRetriever(graph, embed, top_triples)
     records, ranking, reasons = [], [], {}
     for row in progress(rows, desc=f"graph-rank {run_id}/{dataset}", unit="question"):

@@ -169,10 +169,10 @@ def _env(policy, world: _World, harr: HarrRecipe, *, use_history: bool, stochast
 
 def _rows(qa: Path, limit: int | None = None, types: Sequence[str] | None = None) -> list[dict]:
     """The QA file's rows, only those of `types` (metadata.type) when given, the first `limit` of them."""
+    from ragrl.data.qa import read_qa_rows
     from ragrl.eval.evaluate import question_type
-    from ragrl.io import read_columns
 
-    rows = read_columns(qa, ["id", "question", "golden_answers"], optional=("metadata", "supporting_ids")).to_pylist()
+    rows = read_qa_rows(qa, columns=("metadata", "supporting_ids"))
     if types is not None:
         kinds = [question_type(r) for r in rows]
         rows = [r for r, kind in zip(rows, kinds) if kind in types]
