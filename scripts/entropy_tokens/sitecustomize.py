@@ -22,14 +22,15 @@ if os.environ.get("ENT_TOP"):
         return logp, (ent if with_entropy else None)
 
     def policy_loss(logp, old, adv, mask, **kw):
-        ent = _state.pop("ent", None)
-        if ent is not None and ent.shape == mask.shape:
-            m = mask.bool()
-            vals = ent.to(m.device)[m].float()
-            if vals.numel():
-                thr = torch.quantile(vals, 1 - share)
-                mask = (m & (ent.to(m.device) >= thr)).to(mask.dtype)
-                _state["kept"] = _state.get("kept", 0) + int(mask.sum())
+        # Every loss must come right after its log-probs: a silent fallback to the full mask would
+        # turn the ablation into the default recipe without saying so.
+        ent = _state.pop("ent").to(mask.device)
+        if ent.shape != mask.shape:
+            raise RuntimeError(f"entropy {tuple(ent.shape)} and loss mask {tuple(mask.shape)} differ")
+        m = mask.bool()
+        if m.any():
+            mask = (m & (ent >= torch.quantile(ent[m].float(), 1 - share))).to(mask.dtype)
+            _state["kept"] = _state.get("kept", 0) + int(mask.sum())
         return _pl(logp, old, adv, mask, **kw)
 
     rl.response_logprobs, rl.policy_loss = response_logprobs, policy_loss

@@ -485,8 +485,8 @@ def test_document_unit_chains_sft_turns_distinct_documents_per_row(tiny, tmp_pat
 
 class _HalfBroken:
     """Each group's first sample writes the gold graph; the second writes the same for its first
-    document but stops its last triple after the relation, as the toy's invalid turns do (the
-    turn does not parse, the episode ends, R_I 0). Later turns only come from gold episodes."""
+    document but stops its last triple after the relation (the turn does not parse, the episode
+    ends, R_I 0). Later turns only come from gold episodes."""
 
     def __init__(self, tok, gold_by_title):
         self.tok, self.gold = tok, gold_by_title
@@ -496,10 +496,9 @@ class _HalfBroken:
         out = []
         for i, ids in enumerate(batch_token_ids):
             titles = re.findall(r"Extracts for (.*?): ", self.tok.decode(ids))
-            triples = self.gold[titles[-1]]
-            text = triples_json(triples)
+            text = triples_json(self.gold[titles[-1]])
             if len(titles) == 1 and i % 2:
-                items = [{"subject": t.subject, "relation": t.relation, "object": t.object} for t in triples]
+                items = json.loads(text)
                 del items[-1]["object"]
                 text = json.dumps(items, ensure_ascii=False)
             out.append(self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id])

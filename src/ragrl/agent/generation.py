@@ -565,10 +565,8 @@ class OpenAICompletionsGenerator:
                                      stops, list(stop_strings))
             return rows, lim, self.parse_response(self._post(body), len(rows))
 
-        if not jobs:  # every row's budget is 0
-            results = []
-        elif len(jobs) == 1:
-            results = [run(jobs[0])]
+        if len(jobs) <= 1:  # none when every row's budget is 0
+            results = [run(job) for job in jobs]
         else:
             with concurrent.futures.ThreadPoolExecutor(min(self.max_workers, len(jobs))) as pool:
                 results = list(pool.map(run, jobs))

@@ -53,7 +53,7 @@ import pyarrow as pa
 from ragrl.agent.gold_plan import GoldPlan, GoldPlanner, Hop  # noqa: F401  (re-exported)
 from ragrl.agent.protocol import observation, recorded_turns
 from ragrl.agent.rollout import RolloutEngine
-from ragrl.data.qa import read_qa_rows  # noqa: F401  (re-exported: plug-ins' gold SFT reads its QA file with it)
+from ragrl.data.qa import read_qa_rows  # plug-ins' gold SFT imports it from here too
 from ragrl.errors import InputError
 from ragrl.io import write_json, write_parquet
 from ragrl.rewards.qa import exact_match, turns_format_reward
