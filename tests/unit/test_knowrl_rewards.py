@@ -120,6 +120,26 @@ def test_pieces():
         "correct", "not_attempted", "incorrect", "incorrect", "incorrect"]
 
 
+def test_a_gold_that_reads_like_a_refusal_is_graded_correct():
+    # The match is checked before the refusal words: the album "Unknown Pleasures" is an answer.
+    assert [em_grade(a, ["Unknown Pleasures"]) for a in ("Unknown Pleasures", "unknown", "Closer")] == [
+        "correct", "not_attempted", "incorrect"]
+    assert em_grade("No Idea Records", ["No Idea Records"]) == "correct"
+
+
+def test_with_the_think_prefilled_only_the_reasoning_is_scored(db):
+    # The prompt opened the <think>: the completion starts inside it. The fact term scores the text
+    # before </think>, as with the tag written out, not the answer and tags after it.
+    body = f"{PERSON} was born in Port Velmar.</think><answer>Port Velmar</answer>"
+    assert think_text(body, think_prefilled=True) == f"{PERSON} was born in Port Velmar."
+    assert think_text("<think>x</think><answer>y</answer>", think_prefilled=True) == "x"
+    assert think_text(body) == body.strip()  # not prefilled: KnowRL's fallback, the whole completion
+    prefilled, written = score(db, body, think_prefilled=True), score(db, "<think>" + body)
+    assert prefilled[0] == pytest.approx(written[0]) == pytest.approx(3 + E9)
+    assert prefilled[1]["n_facts"] == written[1]["n_facts"] == 1.0
+    assert prefilled[1]["fact_precision"] == 1.0
+
+
 def test_simpleqa_rates():
     rates = simpleqa_rates(["correct", "correct", "incorrect", "not_attempted", "unparsed"])
     assert rates == {"correct": 0.4, "incorrect": 0.4, "not_attempted": 0.2, "accuracy_given_attempted": 0.5,

@@ -191,7 +191,8 @@ def score_texts(options: KnowRLOptions, weights: Mapping[str, float],
     scorer = fact_scorer(options)
     seen = sum(scorer.offformat.values())
     with_topic = [i for i, topic in enumerate(topics) if topic is not None]
-    facts = dict(zip(with_topic, scorer.score_many([(topics[i], think_text(texts[i])) for i in with_topic])))
+    thinks = [(topics[i], think_text(texts[i], options.think_prefilled)) for i in with_topic]
+    facts = dict(zip(with_topic, scorer.score_many(thinks)))
     # Spread over the batch's samples, so that the step log's mean times its samples is the step's
     # count (a cached reply serves later samples too, so which sample one belongs to is not kept).
     offformat = (sum(scorer.offformat.values()) - seen) / max(len(samples), 1)
@@ -377,7 +378,7 @@ def eval_metrics(recipe, row: dict, trajectory) -> dict[str, float | None]:
     text = text if isinstance(text, str) else ""
     grade = em_grade(answer_text(text), [str(g) for g in row.get("golden_answers") or []])
     topic = topic_of(row)
-    facts = fact_scorer(options).score(topic, think_text(text)) if topic is not None else None
+    facts = fact_scorer(options).score(topic, think_text(text, options.think_prefilled)) if topic is not None else None
     n_facts = facts.n_facts if facts is not None and not facts.missing_topic else 0
     return {"correct": float(grade == "correct"), "incorrect": float(grade == "incorrect"),
             "not_attempted": float(grade == "not_attempted"),

@@ -9,7 +9,8 @@ train/reward_function/{format,correct,combined,fact}_reward.py).
   (a refusal such as "I don't know") +1, incorrect −1; no answer tag or an empty answer is
   incorrect, as in KnowRL. An unreadable LLM grade scores 0, as in KnowRL.
 - factuality: the fact score of the think text (the first <think>…</think>, else the whole
-  completion, as theirs), i.e. mean supported × length penalty.
+  completion, as theirs; with `think_prefilled` the opening tag is prepended first, as their format
+  check does, so the answer is not scored as reasoning), i.e. mean supported × length penalty.
 - fact_mode `additive` (the paper): the factuality term is added to every sample; `wrong_only`
   (KnowRL's code at HEAD, combined_reward.py): added only where the grade is incorrect.
 
@@ -60,8 +61,13 @@ def format_reward(completion, think_prefilled: bool = False) -> float:
     return 1.0 if m and m[1].strip() and m[2].strip() else -1.0
 
 
-def think_text(completion) -> str:
+def think_text(completion, think_prefilled: bool = False) -> str:
+    """The reasoning the fact term scores. `think_prefilled`: the prompt opened the <think>, so it
+    is prepended as `format_reward` does; without it the completion has no opening tag and the
+    whole of it, answer and tags included, would be scored as reasoning."""
     text = _text(completion)
+    if think_prefilled and not text.lstrip().startswith("<think>"):
+        text = "<think>" + text
     m = _THINK.search(text)
     return (m.group(1) if m else text).strip()
 
@@ -79,13 +85,14 @@ def is_refusal(answer: str | None) -> bool:
 
 
 def em_grade(answer: str | None, golds: str | Iterable[str]) -> str:
-    """The embedded default's grader: exact match after SQuAD normalisation → correct, a refusal →
-    not_attempted, anything else (no answer, an empty one, a wrong one) → incorrect."""
+    """The embedded default's grader: exact match after SQuAD normalisation → correct, else a
+    refusal → not_attempted, anything else (no answer, an empty one, a wrong one) → incorrect.
+    The match comes first: a gold that begins like a refusal ("Unknown Pleasures") is an answer."""
     if answer is None or not answer.strip():
         return "incorrect"
-    if is_refusal(answer):
-        return "not_attempted"
-    return "correct" if exact_match(answer, golds) else "incorrect"
+    if exact_match(answer, golds):
+        return "correct"
+    return "not_attempted" if is_refusal(answer) else "incorrect"
 
 
 def knowrl_reward(fmt: float, grade: str, factuality: float, *, fact_mode: str = "additive",
