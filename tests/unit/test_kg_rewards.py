@@ -154,6 +154,33 @@ def test_retrieval_hit_counts_results_of_successful_queries_only():
     assert retrieval_hit([], GOLDS) == 0.0
 
 
+def test_querying_an_ambiguous_gold_name_is_not_retrieving_it():
+    # The KG server notes that several entities share the queried name, and names it: that line is
+    # the policy's own argument, not a result. Observations from the real ops on the simple fixture
+    # (two entities named "Paris").
+    from pathlib import Path
+
+    from ragrl.kg.ops import get_entities_out, get_relations_out
+    from ragrl.kg.store import load_kg
+
+    store = load_kg(Path(__file__).resolve().parents[2] / "resources/fixtures/kgqa/simple", "whole").store
+    relations = get_relations_out(store, "Paris").message
+    assert "entities are named" in relations  # the fixture still exercises the note
+    assert retrieval_hit([relations], ["Paris"]) == 0.0
+    containing = get_entities_out(store, "Paris", "location.location.containedby").message
+    assert retrieval_hit([containing], ["Paris"]) == 0.0
+    assert retrieval_hit([containing], ["Texas"]) == 1.0  # a result on the line before the note
+
+
+def test_a_comma_list_keeps_a_gold_name_with_a_comma_whole():
+    golds = [{"text": "Washington, D.C.", "kb_id": "m.0rh6k"}, {"text": "Paris", "kb_id": "m.05qtj"}]
+    assert answer_items("Washington, D.C., Paris", gold_entities(golds)) == ["washington dc", "paris"]
+    assert answer_items("Paris, Washington, D.C.", gold_entities(golds)) == ["paris", "washington dc"]
+    assert entity_f1("Washington, D.C., Paris", golds) == 1.0 and hits_at_1("Washington, D.C., Paris", golds) == 1.0
+    # "Washington, D.C." is not a gold here: the parts stay items (P = 1/3, R = 1 -> F1 0.5)
+    assert entity_f1("Washington, D.C., Paris", golds[1:]) == pytest.approx(0.5)
+
+
 def test_kg_rewards_of_a_response():
     response = ('<think>a</think><kg-query>get_entities_out("John F. Kennedy", "place of birth")</kg-query>'
                 + observation(OK_OBS) + "<think>b</think><answer>Brookline | Oslo</answer>")

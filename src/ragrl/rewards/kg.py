@@ -47,6 +47,7 @@ GLOBAL_KEYS = ("f1", "hits1", "retrieval", "format")
 # digits ("1,234,000") or the comma-containing piece is itself a gold name ("Washington, D.C.").
 _COARSE_SPLIT = re.compile(r"[|;\n]")
 _COMMA_SPLIT = re.compile(r"(?<!\d),|,(?!\d)")
+_NAME_PARTS = 4  # the most comma-separated parts one gold name may span ("Paris, Texas, United States")
 
 
 # --------------------------------------------------------------------------- turns
@@ -149,12 +150,24 @@ def answer_items(answer: str | None, golds: Sequence[frozenset[str]] = ()) -> li
     known = set().union(*golds) if golds else set()
     items: list[str] = []
     for piece in _COARSE_SPLIT.split(answer):
-        parts = [piece] if normalize_answer(piece) in known else _COMMA_SPLIT.split(piece)
-        for part in parts:
-            norm = normalize_answer(part)
+        for norm in _comma_items(piece, known):
             if norm and norm not in items:
                 items.append(norm)
     return items
+
+
+def _comma_items(piece: str, known: set[str]) -> list[str]:
+    """A comma list's normalised items, where consecutive parts that together name a gold entity
+    ("Washington, D.C.") stay one item: the longest such run of up to _NAME_PARTS parts from each
+    part on (bounded, so a model's list of thousands of commas stays linear)."""
+    parts = _COMMA_SPLIT.split(piece)
+    out, i = [], 0
+    while i < len(parts):
+        last = min(len(parts), i + _NAME_PARTS) if known else i + 1
+        end = next((j for j in range(last, i + 1, -1) if normalize_answer(",".join(parts[i:j])) in known), i + 1)
+        out.append(normalize_answer(",".join(parts[i:end])))
+        i = end
+    return out
 
 
 def entity_f1(answer: str | None, golds: Iterable[Mapping[str, object] | str]) -> float:
@@ -201,8 +214,12 @@ def retrieval_hit(observation_texts: Iterable[str], golds: Iterable[Mapping[str,
     for obs in observation_texts:
         if status_of_message(obs) is not Status.SUCCESS:
             continue
+        # A success is "<call> found N ...:\n<results>" and maybe "\n(Note: N entities are named
+        # "<the queried name>"...)" (ragrl.kg.ops): the result line alone, or querying an
+        # ambiguous gold name would count as retrieving it.
         _, _, body = obs.strip().partition("\n")
-        norm = f" {normalize_answer(body)} "
+        results = body.partition("\n")[0]
+        norm = f" {normalize_answer(results)} "
         if any(f" {k} " in norm for k in keys):
             return 1.0
     return 0.0
