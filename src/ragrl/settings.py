@@ -285,6 +285,9 @@ class RLConfig:
             if self.filter_tied_groups:
                 problems.append("algorithm 'ppo' takes no filter_tied_groups (a critic's advantages are not zero "
                                 "when a group's rewards tie)")
+        if self.algorithm == "ppo_clip" and self.filter_tied_groups:
+            problems.append("algorithm 'ppo_clip' takes no filter_tied_groups (its advantages are normalised over "
+                            "the batch, not the group: a group whose rewards tie still has a signal)")
         check_settings(self, *problems)
 
     @property

@@ -55,7 +55,6 @@ def loop_k3(logp, ref):
 
 
 def loop_aggregate(values, mask, mode, max_len=None):
-    rows = len(values)
     if mode == "token-mean":
         num = sum(v * m for vr, mr in zip(values, mask) for v, m in zip(vr, mr))
         den = sum(m for mr in mask for m in mr)
@@ -69,7 +68,8 @@ def loop_aggregate(values, mask, mode, max_len=None):
         return sum(seq_means) / max(len(seq_means), 1)
     if mode == "dr_grpo":
         num = sum(v * m for vr, mr in zip(values, mask) for v, m in zip(vr, mr))
-        return num / (rows * (max_len if max_len is not None else len(values[0])))
+        rows = sum(1 for mr in mask if any(mr))  # a row without a policy token does not count
+        return num / max(rows * (max_len if max_len is not None else len(values[0])), 1)
     raise AssertionError(mode)
 
 
@@ -147,7 +147,7 @@ VALUES = torch.tensor(
     [
         ("token-mean", (1 + 2 + 3 + 4 + 6) / 5),  # 3.2
         ("grpo", ((1 + 2 + 3) / 3 + (4 + 6) / 2) / 2),  # 3.5: the empty row is left out
-        ("dr_grpo", (1 + 2 + 3 + 4 + 6) / (3 * 4)),
+        ("dr_grpo", (1 + 2 + 3 + 4 + 6) / (2 * 4)),  # the empty row is left out of the count too
     ],
 )
 def test_aggregate_hand_values(mode, want):
@@ -156,7 +156,30 @@ def test_aggregate_hand_values(mode, want):
 
 
 def test_dr_grpo_uses_the_constant_not_the_padded_width():
-    assert L.aggregate(VALUES, MASK, "dr_grpo", max_response_len=10).item() == pytest.approx(16 / 30)
+    assert L.aggregate(VALUES, MASK, "dr_grpo", max_response_len=10).item() == pytest.approx(16 / 20)
+
+
+@pytest.mark.parametrize("mode", L.LOSS_AGG_MODES)
+def test_a_filtered_groups_rows_do_not_change_the_loss(mode):
+    # filter_tied_groups zeroes a tied group's loss mask: the loss must be the kept rows' alone,
+    # as if the group had never been sampled, in every mode (dr_grpo counted the rows and shrank
+    # the step by the kept share).
+    kept = L.aggregate(VALUES[:2], MASK[:2], mode, max_response_len=6)
+    filtered = torch.cat([VALUES[:2], VALUES[:2] * 7])
+    mask = torch.cat([MASK[:2], torch.zeros_like(MASK[:2])])
+    assert L.aggregate(filtered, mask, mode, max_response_len=6).item() == pytest.approx(kept.item())
+
+
+def test_k3_is_clamped_at_10_with_no_gradient_beyond_as_verls():
+    # A token the policy made 1,100 times less likely than the reference (d = 7): exp(7) - 8 = 1,089
+    # unclamped, with a gradient of -1,096 that would swamp the policy gradient.
+    logp = torch.tensor([-8.0, -1.1], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([-1.0, -1.0], dtype=torch.float64)
+    k3 = L.kl_k3(logp, ref)
+    k3.sum().backward()
+    assert k3[0].item() == 10.0 and logp.grad[0].item() == 0.0
+    d = 0.1  # below the clamp: the formula and its gradient 1 - exp(d)
+    assert k3[1].item() == pytest.approx(math.exp(d) - d - 1) and logp.grad[1].item() == pytest.approx(1 - math.exp(d))
 
 
 def test_aggregate_ignores_nonfinite_values_under_the_mask():

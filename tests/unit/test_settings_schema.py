@@ -100,6 +100,10 @@ def test_every_problem_is_named_at_once_and_cross_field_checks_stay():
         settings.HarrEnvironment(topk=5, pool_size=3)
     with pytest.raises(InputError, match="has no {state} placeholder"):
         settings.HarrEnvironment(template="{instruction}")
+    # Tied groups are zero-signal only where advantages are normalised per group (grpo, remax).
+    with pytest.raises(InputError, match="algorithm 'ppo_clip' takes no filter_tied_groups"):
+        settings.RLConfig(algorithm="ppo_clip", filter_tied_groups=True)
+    assert settings.RLConfig(algorithm="remax", filter_tied_groups=True).filter_tied_groups
     # None is allowed where the annotation admits it, whatever the bounds.
     assert settings.RLConfig(micro_batch_size=None, clip_eps_high=None).micro_batch_size is None
 

@@ -21,6 +21,10 @@ from ragrl.settings import LOSS_AGG_MODES
 # exp() of a log-ratio beyond this overflows float32 (e^88); a ratio of e^20 is already absurd and
 # would be clipped anyway, so clamping changes no sane update while keeping inf/nan out of gradients.
 MAX_LOG_RATIO = 20.0
+# verl's low_var_kl / k3 clamps each token's k3 to 10: beyond it (the policy ~14x less likely than
+# the reference on a token) the term carries no gradient, instead of one that grows as exp(d) and
+# outweighs the policy gradient (at kl_coef 0.01 it does from d = 5).
+MAX_K3 = 10.0
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -103,9 +107,10 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(policy || ref) per token: exp(d) - d - 1 with d = ref - logp.
 
     Unbiased for samples from the policy and never negative, unlike the plain log-ratio (k1).
+    Clamped to MAX_K3 per token, as verl's.
     """
     d = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return torch.exp(d) - d - 1.0
+    return (torch.exp(d) - d - 1.0).clamp(max=MAX_K3)
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -153,7 +158,10 @@ def default_denominator(mask: torch.Tensor, mode: LossAgg, max_response_len: int
     if mode == "grpo":
         return float((mask.sum(-1) > 0).sum())
     if mode == "dr_grpo":
-        return float(mask.shape[0] * (max_response_len if max_response_len is not None else mask.shape[-1]))
+        # Rows without a policy token (a tied group's, filtered out) are not in the batch's count,
+        # as token-mean and grpo leave them out: the step's size must not shrink with their share.
+        rows = (mask.sum(-1) > 0).sum()
+        return float(rows * (max_response_len if max_response_len is not None else mask.shape[-1]))
     raise InputError(f"unknown loss aggregation {mode!r}; expected one of {LOSS_AGG_MODES}")
 
 
