@@ -85,6 +85,10 @@ def test_episodes_hold_the_supporting_passages_shuffled_and_reproducible(tiny):
     assert episodes_from_world(tiny.qa, tiny.world.passages) == tiny.episodes
     with pytest.raises(ValueError, match="not in the passages"):
         episodes_from_world([{**tiny.qa[0], "supporting_ids": ["nope"]}], tiny.world.passages)
+    # Without supporting passages an episode's recall is 0 whatever the graph: refused, named.
+    for empty in ([], None):
+        with pytest.raises(ValueError, match=rf"question {tiny.qa[1]['id']}: no supporting_ids"):
+            episodes_from_world([tiny.qa[0], {**tiny.qa[1], "supporting_ids": empty}], tiny.world.passages)
 
 
 def test_hard_negatives_come_from_the_retriever_and_skip_supporting_passages(tiny):
@@ -450,6 +454,27 @@ def test_corpus_graph_ranking_and_the_reader_retriever(tiny, tmp_path):
         graph_rank(root / "kg/B/triples.parquet", root / "passages.parquet", tmp_path / "qa_bad.parquet",
                    tmp_path / "g_bad", run_id="graph_gold", dataset="world_test", embed=embed, keep=3)
     assert not (tmp_path / "g_bad").exists()
+    # A question without supporting passages has no recall: left out of the mean, not a 0 in it.
+    qa = pq.read_table(root / "qa/test.parquet").slice(0, 4).to_pylist()
+    pq.write_table(pa.Table.from_pylist(qa), tmp_path / "qa4.parquet")
+    full = graph_rank(root / "kg/B/triples.parquet", root / "passages.parquet", tmp_path / "qa4.parquet",
+                      tmp_path / "g4", run_id="graph_gold", dataset="world_test", embed=embed, keep=3)
+    qa[3]["supporting_ids"] = []
+    pq.write_table(pa.Table.from_pylist(qa), tmp_path / "qa4_nosupport.parquet")
+    part = graph_rank(root / "kg/B/triples.parquet", root / "passages.parquet", tmp_path / "qa4_nosupport.parquet",
+                      tmp_path / "g3", run_id="graph_gold", dataset="world_test", embed=embed, keep=3)
+    first3 = graph_rank(root / "kg/B/triples.parquet", root / "passages.parquet", tmp_path / "qa4.parquet",
+                        tmp_path / "g3b", run_id="graph_gold", dataset="world_test", embed=embed, keep=3,
+                        max_questions=3)
+    assert part["n"] == full["n"] == 4 and first3["metrics"]["recall@5"] > 0
+    assert part["metrics"]["recall@5"] == pytest.approx(first3["metrics"]["recall@5"])
+    for row in qa:
+        row["supporting_ids"] = []
+    pq.write_table(pa.Table.from_pylist(qa), tmp_path / "qa_none.parquet")
+    with pytest.raises(ValueError, match="qa_none.parquet: no question has supporting_ids"):
+        graph_rank(root / "kg/B/triples.parquet", root / "passages.parquet", tmp_path / "qa_none.parquet",
+                   tmp_path / "g_none", run_id="graph_gold", dataset="world_test", embed=embed, keep=3)
+    assert not (tmp_path / "g_none").exists()
 
 
 def test_document_unit_chains_sft_turns_distinct_documents_per_row(tiny, tmp_path):

@@ -280,7 +280,11 @@ def episodes_from_world(qa_rows: Sequence[dict], passages: Sequence[dict], *, ne
         hits = search([str(r["question"]) for r in qa_rows], negatives + 8)
     episodes = []
     for row, found in zip(qa_rows, hits):
-        support = [str(s) for s in row["supporting_ids"]]
+        support = [str(s) for s in row["supporting_ids"] or []]
+        if not support:
+            # Its reward (recall of the supporting passages) would be 0 whatever the graph, and its
+            # evaluation a 0 in the recall mean.
+            raise InputError(f"question {row['id']}: no supporting_ids; an episode needs its supporting passages")
         missing = [s for s in support if s not in by_id]
         if missing:
             raise InputError(f"question {row['id']}: supporting passage(s) {missing} are not in the passages")

@@ -54,6 +54,8 @@ def graph_rank(triples: str | Path, passages: str | Path, qa: str | Path, out_di
     print(f"[graph-rank] {run_id}: {len(graph.entities)} entities, {len(graph.passages)} passages, "
           f"{len(graph.triples)} triples", file=sys.stderr, flush=True)
     rows = read_qa_rows(qa, max_questions or None, columns=("metadata",), required=("supporting_ids",))
+    if not any(row["supporting_ids"] for row in rows):
+        raise InputError(f"{qa}: no question has supporting_ids; recall cannot be measured")
     retriever = GraphRetriever(graph, embed, top_triples)
     records, ranking, reasons = [], [], {}
     for row in progress(rows, desc=f"graph-rank {run_id}/{dataset}", unit="question"):
@@ -61,7 +63,10 @@ def graph_rank(triples: str | Path, passages: str | Path, qa: str | Path, out_di
         if ranked.reason:
             reasons[ranked.reason] = reasons.get(ranked.reason, 0) + 1
         gold = [str(s) for s in row["supporting_ids"] or []]
-        records.append({**{f"recall@{k}": recall_at_k(ranked.passage_ids, gold, k) for k in RECALL_KS},
+        # A question without supporting passages has no recall (left out of the mean, as the
+        # retrieval evaluation leaves it out), not a recall of 0.
+        records.append({**{f"recall@{k}": recall_at_k(ranked.passage_ids, gold, k) if gold else None
+                           for k in RECALL_KS},
                         "unranked": float(not ranked.passage_ids), "question_type": question_type(row)})
         ranking.append({"id": str(row["id"]), "passage_ids": list(ranked.passage_ids[:keep]),
                         "scores": list(ranked.scores[:keep])})
