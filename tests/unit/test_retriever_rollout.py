@@ -112,3 +112,17 @@ def test_rollout_groups_score_f1_and_feed_the_update(world):
     assert all(len(t.steps) == 1 for t in trajs)
     stats = update(policy, index, torch.optim.SGD(policy.parameters(), lr=0.1), trajs, alpha=0.05)
     assert stats["updated"] == 1.0 and stats["logprob_mismatch"] < 1e-6 and stats["steps"] == 8.0
+
+
+def test_a_question_twice_in_a_batch_keeps_two_sets_of_trajectories(world):
+    # A step that crosses an epoch boundary can draw a question twice: each copy's G trajectories
+    # keep their own history and draws, so each draw enters the update once.
+    policy, index, store = world
+    env = HistoryAwareSearchEnvironment(policy, index, store, topk=3, pool_size=8, seed=2)
+    row = {"id": "q1", "question": "Capital of France?", "golden_answers": ["Paris"]}
+    trajs = rollout_groups(ScriptedEngine(env), env, [row, row], group_size=2, seed=0)
+    assert [(t.question_id, t.group) for t in trajs] == [("q1", 0), ("q1", 0), ("q1", 1), ("q1", 1)]
+    assert [len(t.steps) for t in trajs] == [1, 1, 1, 1]
+    assert len({id(t.steps) for t in trajs}) == 4
+    stats = update(policy, index, torch.optim.SGD(policy.parameters(), lr=0.1), trajs, alpha=0.05)
+    assert stats["steps"] == 4.0

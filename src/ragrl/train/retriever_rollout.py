@@ -3,9 +3,10 @@ retriever policy, with the history-aware state and a recorded Plackett–Luce dr
 
 The generator and its protocol are the Search-R1 agent this workflow already runs
 (`ragrl.agent.rollout.RolloutEngine` with any generation backend); only the retriever behind
-`<search>` changes. Each trajectory gets its own sample id ("{question id}#{g}"), so that the
-environment can keep the per-trajectory history the state string needs, and the G rollouts of a
-question stay apart.
+`<search>` changes. Each trajectory gets its own sample id ("{question id}#{k}", k its place in
+the batch), so that the environment can keep the per-trajectory history the state string needs,
+and the G rollouts of a question stay apart, as do two copies of a question in one batch (a step
+that crosses an epoch boundary can draw a question twice).
 
 History entries follow the authors' Search-R1 loop ({"sub_query", "answer"}): "answer" is the
 generator's <think> text in the turn that issued the hop's search (`Action.think`, null when the
@@ -94,8 +95,8 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         return out
 
 
-def sample_id(question_id: str, g: int) -> str:
-    return f"{question_id}#{g}"
+def sample_id(question_id: str, k: int) -> str:
+    return f"{question_id}#{k}"
 
 
 def rollout_groups(engine: Any, env: HistoryAwareSearchEnvironment, rows: Sequence[Mapping[str, Any]],
@@ -103,7 +104,10 @@ def rollout_groups(engine: Any, env: HistoryAwareSearchEnvironment, rows: Sequen
     """G rollouts of each QA row (id, question, golden_answers) scored by answer F1 (max over golds)."""
     from ragrl.rewards.qa import f1
 
-    sids = [sample_id(str(r["id"]), g) for r in rows for g in range(group_size)]
+    # Keyed by the trajectory's place in the batch, not its place in the group: with a question
+    # twice in `rows`, "{id}#{g}" made two trajectories share one history and one list of draws
+    # (each draw then trained under both advantages).
+    sids = [sample_id(str(r["id"]), i * group_size + g) for i, r in enumerate(rows) for g in range(group_size)]
     env.begin({sid: str(r["question"]) for sid, r in zip(sids, (r for r in rows for _ in range(group_size)))})
     prompts = [engine.prompt_ids(str(r["question"])) for r in rows for _ in range(group_size)]
     runs = engine.run(prompts, n=1, seed=seed, sample_ids=sids)
