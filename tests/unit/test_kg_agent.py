@@ -131,6 +131,15 @@ def test_gold_trajectories_drop_rows_that_would_not_fit(tiny):
     # Three tool turns cannot hold a two-hop plan (four queries) before the answer.
     _, stats = kg_gold_trajectories(rows, _engine(tiny, cfg=RolloutConfig(**{**CFG.__dict__, "max_turns": 3})), store)
     assert stats.dropped["too_many_turns"] > 0 and stats.kept + sum(stats.dropped.values()) == 24
+    # Four tool turns hold its four queries, but then the answer turn is the engine's forced one
+    # (turn 4 of 0..3): those rows go too. Five hold the plan and a free answer turn.
+    plans = [plan_row(r, store) for r in rows]
+    two_hop = sum(1 for p in plans if not isinstance(p, str) and len(p.path) == 2)
+    assert two_hop > 0
+    for max_turns, dropped in ((4, two_hop), (5, 0)):
+        _, stats = kg_gold_trajectories(
+            rows, _engine(tiny, cfg=RolloutConfig(**{**CFG.__dict__, "max_turns": max_turns})), store)
+        assert stats.dropped["too_many_turns"] == dropped, (max_turns, stats.to_dict())
 
 
 def test_readable_relation_names_and_their_collisions():

@@ -225,8 +225,10 @@ def kg_gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, store: 
         if isinstance(plan, str):
             stats.dropped[plan] += 1
             continue
-        if 2 * len(plan.path) >= engine.config.max_turns + 1:
-            stats.dropped["too_many_turns"] += 1  # the engine would force the answer turn instead
+        # Turns 0..max_turns-1 are tool turns; the answer comes at turn 2 x hops, and from
+        # max_turns on the engine forces it (its own notice and <answer> prefill) instead.
+        if 2 * len(plan.path) >= engine.config.max_turns:
+            stats.dropped["too_many_turns"] += 1
             continue
         prompt = engine.prompt_ids(plan.question)
         # A hash of the row id, not a random draw: the same rows are renamed on every run.
