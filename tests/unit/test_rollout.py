@@ -790,6 +790,29 @@ def test_openai_retokenize_fallback_and_unreachable_server(vllm, tiny):
         dead.generate([[1]], 4)
 
 
+@pytest.mark.parametrize("layout", ["search_r1", "multi", "rag_r1_json"])
+def test_a_cut_observation_credits_the_passages_whose_header_came_before_the_cut(layout):
+    # The first passage's text names the second's title: a cut inside the first passage (or after
+    # it, before the second's header) shows only the first, whatever the text mentions.
+    from ragrl.agent.protocol import format_docs, format_multi_docs, format_rag_r1_json
+    from ragrl.agent.rollout import shown_passages
+
+    hits = [{"id": "p1", "title": "Alpha", "text": "Alpha was founded by Beta Works in 1901."},
+            {"id": "p2", "title": "Beta Works", "text": "Beta Works is a mill."}]
+    full = {"search_r1": lambda: format_docs(hits), "multi": lambda: format_multi_docs(["q1", "q2"], [hits[:1], hits[1:]]),
+            "rag_r1_json": lambda: format_rag_r1_json(["q1", "q2"], [hits[:1], hits[1:]])}[layout]().strip()
+    ranks = [1, 2] if layout == "search_r1" else [1, 1]
+    shown_hits = [(h["id"], h["title"], r) for h, r in zip(hits, ranks)]
+    second = full.rindex("Doc ")
+    assert "Beta Works" in full[:second]  # the first passage does mention the second's title
+    assert shown_passages(shown_hits, full, full) == ["p1", "p2"]
+    assert shown_passages(shown_hits, full, full[:second + 4]) == ["p1"]  # cut inside the header "Doc "
+    assert shown_passages(shown_hits, full, full[:second]) == ["p1"]
+    assert shown_passages(shown_hits, full, full[:len(full) - 3]) == ["p1", "p2"]  # the second's text cut
+    assert shown_passages(shown_hits, full, full[:full.index("Doc ") + 6]) == []  # "Alpha" cut
+    assert shown_passages(shown_hits, full, "") == []
+
+
 def test_retrieval_reward_reads_the_passages_the_environment_showed(tiny):
     """The search methods' `retrieval` reward: recall of a question's supporting passages among
     those the environment returned (the turn record's `retrieved`), through the real engine. A

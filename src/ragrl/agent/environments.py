@@ -72,7 +72,8 @@ class SearchEnvironment:
         self.topk = topk
         self.spec = self._make_spec()
         self.last_search_s = 0.0  # wall time of the latest retriever call (0 when none was needed)
-        self.last_hits: list[list[tuple[str, str]]] = []  # per action of the latest respond: (id, title) shown
+        # per action of the latest respond: (id, title, rank in its query's list) of each passage shown
+        self.last_hits: list[list[tuple[str, str, int]]] = []
 
     def _make_spec(self) -> ActionSpec:
         return ActionSpec(actions=("search", "answer"))
@@ -93,14 +94,14 @@ class SearchEnvironment:
         query_ids = [sid for a, sid in zip(actions, ids) if a.kind == "search" for _ in a.queries]
         results = self._search(queries, query_ids) if queries else []
         out: list[str | None] = []
-        # Which passages each action's observation holds (id, title), for the turn record: a
+        # Which passages each action's observation holds (id, title, rank), for the turn record: a
         # retrieval reward reads what the environment returned, never the policy's text.
         self.last_hits = []
         cursor = 0
         for action in actions:
             hits = results[cursor : cursor + len(action.queries)] if action.kind == "search" else []
-            self.last_hits.append([(str(h.get("id", "")), str(h.get("title") or "")) for per_query in hits
-                                   for h in per_query])
+            self.last_hits.append([(str(h.get("id", "")), str(h.get("title") or ""), rank) for per_query in hits
+                                   for rank, h in enumerate(per_query, 1)])
             if action.kind == "answer":
                 out.append(None)
             elif action.kind == "search":

@@ -33,6 +33,8 @@ next generation or observation ends there, with the answer it has (None unless i
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -294,10 +296,20 @@ def _stops(tokenizer) -> tuple[list[int], list[str]]:
     return ids, strings
 
 
-def shown_passages(hits: Sequence[tuple[str, str]], full: str, shown: str) -> list[str]:
+def shown_passages(hits: Sequence[tuple[str, str, int]], full: str, shown: str) -> list[str]:
     """Ids of the passages an observation showed the policy: all of them when it was shown in
-    full; when the engine cut it to the token budget, those whose title survived the cut (a
-    passage cut off unread was not retrieved as far as the policy is concerned)."""
+    full; when the engine cut it to the token budget, those whose block header ("Doc {rank}",
+    every layout's) and title came before the cut (a passage cut off unread was not retrieved as
+    far as the policy is concerned). The blocks are in hit order, so the headers are found in turn:
+    a title that an earlier passage's text mentions is not its header."""
     if shown == full:
-        return [pid for pid, _ in hits]
-    return [pid for pid, title in hits if title and title in shown]
+        return [pid for pid, _, _ in hits]
+    cut = len(os.path.commonprefix([full, shown]))
+    out, pos = [], 0
+    for pid, title, rank in hits:
+        header = re.compile(rf"Doc {rank}(?!\d)").search(full, pos)
+        if header is None or header.end() + len(title) > cut:
+            break
+        out.append(pid)
+        pos = header.end()
+    return out
