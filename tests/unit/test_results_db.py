@@ -186,9 +186,9 @@ def test_evals_carry_the_bootstrap_interval_of_metrics_json(tmp_path):
 
     paths = render_tables(db, [{"name": "t", "title": "T", "metric": "em"}], tmp_path / "tables")
     md = next(p for p in paths if p.suffix == ".md").read_text()
-    assert f"0.500 ± {(high - low) / 2:.3f}" in md
+    assert f"0.500 [{low:.3f}, {high:.3f}]" in md
     tex = next(p for p in paths if p.suffix == ".tex").read_text()
-    assert "$\\pm$" in tex
+    assert f"0.500 [{low:.3f}, {high:.3f}]" in tex
 
 
 def _one_eval_db(tmp_path: Path, extra: dict) -> Path:

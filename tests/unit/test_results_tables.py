@@ -143,6 +143,25 @@ def test_table_numbers_and_best_cells_match_db(db, tmp_path):
     con.close()
 
 
+def test_a_cell_shows_its_interval_as_stored_not_a_half_width(tmp_path):
+    # A percentile bootstrap near 0 is lopsided: 0.025 [0.000, 0.075] must not read 0.025 ± 0.037
+    # (down to -0.012). The CSV keeps the number alone, as its contract says.
+    path = tmp_path / "ci.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE runs (run_id VARCHAR, recipe VARCHAR, model VARCHAR, stage VARCHAR)")
+    con.execute("CREATE TABLE evals (run_id VARCHAR, dataset VARCHAR, metric VARCHAR, value DOUBLE, n BIGINT, "
+                "ci_low DOUBLE, ci_high DOUBLE)")
+    con.executemany("INSERT INTO runs VALUES (?, ?, 'tiny', 'rl')", [["a", "search_r1"], ["b", "rag_r1"]])
+    con.executemany("INSERT INTO evals VALUES (?, 'bridge', 'em', ?, 40, ?, ?)",
+                    [["a", 0.025, 0.0, 0.075], ["b", 0.2, None, None]])
+    con.close()
+    render_tables(path, [{"name": "t", "runs": ["a", "b"], "precision": 3}], tmp_path / "out")
+    md = (tmp_path / "out/t.md").read_text(encoding="utf-8")
+    assert "| a | 0.025 [0.000, 0.075] |" in md and "| b | **0.200** |" in md
+    assert parse_csv((tmp_path / "out/t.csv").read_text(encoding="utf-8"))[1] == [["a", "0.025"], ["b", "0.200*"]]
+    assert "a & 0.025 [0.000, 0.075] \\\\" in (tmp_path / "out/t.tex").read_text(encoding="utf-8")
+
+
 def test_lower_is_better_marks_minimum(db, tmp_path):
     render_tables(db, [{"name": "lat", "metric": "latency", "higher_is_better": False,
                         "precision": 2}], tmp_path)

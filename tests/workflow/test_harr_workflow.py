@@ -56,7 +56,7 @@ def _table(path) -> dict[str, list[str]]:
 
 
 def _number(cell: str) -> float:
-    return float(cell.split("±")[0].strip().rstrip("*"))
+    return float(cell.strip("*").split(" [")[0])
 
 
 @pytest.mark.integration

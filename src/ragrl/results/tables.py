@@ -20,11 +20,14 @@ not on the rounded ones.
 
 Rendering conventions (all three files list rows in spec order, columns in dataset order):
 
-* Markdown: best cell in bold ``**0.512**``; missing cell ``–`` (en dash).
-* CSV: first column is the label column, then one column per dataset; the best cell carries a
-  ``*`` suffix (``0.512*``); a missing cell is ``–``. Strip a trailing ``*`` to get the number.
-* LaTeX: a booktabs ``table`` (needs ``\\usepackage{booktabs}``); best cell ``\\textbf{0.512}``;
-  missing cell ``--`` (LaTeX's en dash); labels, dataset names and the title are escaped.
+* Markdown: a cell is the value and, where the run's metrics.json gave one, its 95% bootstrap
+  interval as stored (``0.512 [0.420, 0.600]``); best cell in bold; missing cell ``–`` (en dash).
+* CSV: first column is the label column, then one column per dataset, the value alone (the
+  intervals are the database's ci_low / ci_high); the best cell carries a ``*`` suffix
+  (``0.512*``); a missing cell is ``–``. Strip a trailing ``*`` to get the number.
+* LaTeX: a booktabs ``table`` (needs ``\\usepackage{booktabs}``), cells as the Markdown's; best cell
+  ``\\textbf{0.512 [0.420, 0.600]}``; missing cell ``--`` (LaTeX's en dash); labels, dataset names
+  and the title are escaped.
 
 `render_delta_tables` writes next to each table ``{name}_delta.md`` / ``.csv``: the `paired` rows
 (ragrl.results.paired) of the table's metric whose two runs are both rows of the table, one row per
@@ -220,16 +223,19 @@ class TableData:
     datasets: list[str]
     values: list[list[float | None]]  # [row][col]
     best: list[list[bool]]
-    # half the width of the 95% bootstrap interval, where metrics.json gave one ([row][col])
-    halves: list[list[float | None]] | None = None
+    # the 95% bootstrap interval (low, high), where metrics.json gave one ([row][col])
+    intervals: list[list[tuple[float, float] | None]] | None = None
 
-    def cell(self, r: int, c: int, pm: str = "±") -> str:
+    def cell(self, r: int, c: int, interval: bool = True) -> str:
+        """The value, then its interval as stored: a percentile bootstrap is lopsided near 0 and
+        1 (0.025 [0.000, 0.075]), which "± half-width" misstated (0.025 ± 0.037 reads as
+        reaching below 0)."""
         v = self.values[r][c]
         if v is None:
             return MISSING
-        half = self.halves[r][c] if self.halves else None
+        ci = self.intervals[r][c] if self.intervals and interval else None
         p = self.spec.precision
-        return f"{v:.{p}f}" if half is None else f"{v:.{p}f} {pm} {half:.{p}f}"
+        return f"{v:.{p}f}" if ci is None else f"{v:.{p}f} [{ci[0]:.{p}f}, {ci[1]:.{p}f}]"
 
 
 def load_table(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> TableData:
@@ -240,11 +246,11 @@ def load_table(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> TableData:
     labels: dict[int, str] = {}
     run_ids: dict[int, str] = {}
     datasets: dict[int, str] = {}
-    cells: dict[tuple[int, int], tuple[float | None, bool, float | None]] = {}
+    cells: dict[tuple[int, int], tuple[float | None, bool, tuple[float, float] | None]] = {}
     for row_idx, label, run_id, col_idx, dataset, _metric, value, best, low, high in rows:
         labels[row_idx], run_ids[row_idx], datasets[col_idx] = label, run_id, dataset
-        half = (high - low) / 2 if value is not None and low is not None and high is not None else None
-        cells[row_idx, col_idx] = (value, bool(best), half)
+        ci = (low, high) if value is not None and low is not None and high is not None else None
+        cells[row_idx, col_idx] = (value, bool(best), ci)
     rs, cs = sorted(labels), sorted(datasets)
     return TableData(
         spec=spec,
@@ -253,7 +259,7 @@ def load_table(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> TableData:
         datasets=[datasets[c] for c in cs],
         values=[[cells[r, c][0] for c in cs] for r in rs],
         best=[[cells[r, c][1] for c in cs] for r in rs],
-        halves=[[cells[r, c][2] for c in cs] for r in rs],
+        intervals=[[cells[r, c][2] for c in cs] for r in rs],
     )
 
 
@@ -308,7 +314,7 @@ def render_csv(t: TableData) -> str:
     writer.writerow([t.spec.label] + t.datasets)
     for r, label in enumerate(t.labels):
         writer.writerow([label] + [
-            t.cell(r, c) + (CSV_BEST_SUFFIX if t.best[r][c] else "")
+            t.cell(r, c, interval=False) + (CSV_BEST_SUFFIX if t.best[r][c] else "")
             for c in range(len(t.datasets))
         ])
     return buf.getvalue()
@@ -334,7 +340,7 @@ def render_latex(t: TableData) -> str:
             if t.values[r][c] is None:
                 cells.append(LATEX_MISSING)
             else:
-                text = t.cell(r, c, pm="$\\pm$")
+                text = t.cell(r, c)
                 cells.append(f"\\textbf{{{text}}}" if t.best[r][c] else text)
         lines.append(" & ".join([latex_escape(label)] + cells) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
