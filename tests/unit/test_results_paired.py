@@ -431,6 +431,25 @@ def test_delta_tables_next_to_the_tables(paired_db, tmp_path):
     assert "No two runs of this table are a compared pair." in none[0].read_text()
 
 
+def test_a_delta_table_of_a_metric_known_only_as_a_mean_says_so(tmp_path):
+    # graph-rank's recall is in metrics.json only: the runs are a pair, but nothing per question
+    # can be compared. The file must not claim they are no pair.
+    inputs: dict[str, list[Path]] = {"runs": [], "evals": [], "predictions": [], "train_logs": []}
+    for run_id, (recipe, stage, preds, *_) in PAIRED_RUNS.items():
+        for key, paths in write_run(tmp_path, run_id, recipe, stage, preds).items():
+            inputs[key] += paths
+    for path in inputs["evals"]:
+        m = json.loads(path.read_text())
+        m["metrics"]["recall@5"], m["ci95"]["recall@5"] = 0.5, [0.4, 0.6]
+        path.write_text(json.dumps(m))
+    db = tmp_path / "r.duckdb"
+    build_database(db, **inputs, benchmarks=[], rule_gpus={}, table_specs=PAIRED_TABLES, lineage=PAIRED_LINEAGE)
+    (md, _) = render_delta_tables(db, [{"name": "r", "metric": "recall@5", "runs": ["search_sft", "search_rl"]}],
+                                  tmp_path / "t")
+    assert "no run of this table has recall@5 per question" in md.read_text()
+    assert "compared pair" not in md.read_text()
+
+
 # --------------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------------

@@ -412,6 +412,9 @@ class DeltaData:
     datasets: list[str]
     cells: dict[tuple[str, str, str], tuple]  # (run, baseline, dataset) -> DELTA_COLUMNS row
     bootstrap: dict[str, Any]
+    # whether any run of the table has the metric per question (predictions); without it no
+    # pair can be compared, however the runs are related
+    per_question: bool = True
 
 
 def load_delta(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> DeltaData:
@@ -429,7 +432,23 @@ def load_delta(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> DeltaData:
     if listed is not None:
         pairs.sort(key=lambda p: (listed[p[0]], listed[p[1]]))
     (bootstrap,) = con.execute("SELECT value FROM meta WHERE key = 'paired_bootstrap'").fetchone() or ("{}",)
-    return DeltaData(spec, pairs, datasets, {(r[0], r[1], r[3]): r for r in rows}, json.loads(bootstrap))
+    return DeltaData(spec, pairs, datasets, {(r[0], r[1], r[3]): r for r in rows}, json.loads(bootstrap),
+                     pairs != [] or _has_per_question_values(con, spec))
+
+
+def _has_per_question_values(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> bool:
+    """Does any run of the table have a value of its metric for some question? (graph-rank's
+    recall, for one, is in metrics.json only.)"""
+    if not _has_table(con, "predictions"):
+        return False
+    columns = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
+                                         "WHERE table_name = 'predictions'").fetchall()}
+    if spec.metric not in columns:
+        return False
+    runs = "" if spec.runs is None else " WHERE run_id IN (SELECT unnest(?))"
+    (count,) = con.execute(f"SELECT count({quote_ident(spec.metric)}) FROM predictions{runs}",
+                           [] if spec.runs is None else [list(spec.runs)]).fetchone()
+    return count > 0
 
 
 def _delta_cell(row: tuple | None, precision: int) -> str:
@@ -451,7 +470,10 @@ def render_delta_markdown(d: DeltaData) -> str:
         "",
     ]
     if not d.pairs:
-        return "\n".join(lines + ["No two runs of this table are a compared pair.", ""])
+        why = ("No two runs of this table are a compared pair." if d.per_question else
+               f"No paired differences: no run of this table has {_md_escape(spec.metric)} per question "
+               "(its evaluation wrote the mean only), so no pair could be compared.")
+        return "\n".join(lines + [why, ""])
     lines += [
         "| " + " | ".join(["run", "baseline", "relation"] + [_md_escape(ds) for ds in d.datasets]) + " |",
         "|" + "|".join([":---"] * 3 + ["---:"] * len(d.datasets)) + "|",
