@@ -71,7 +71,7 @@ rule merge_sft:
     log:
         "logs/merge/{recipe}_sft.log",
     benchmark:
-        "benchmarks/merge/{recipe}_sft.tsv"
+        "benchmarks/merge_sft/{recipe}.tsv"
     priority: lambda wc: WF.train_priority(wc.recipe, "sft")
     threads: rule_threads("merge")
     resources:
@@ -129,7 +129,7 @@ rule merge_rl:
     log:
         "logs/merge/{recipe}_rl.log",
     benchmark:
-        "benchmarks/merge/{recipe}_rl.tsv"
+        "benchmarks/merge_rl/{recipe}.tsv"
     priority: lambda wc: WF.train_priority(wc.recipe, "rl")
     threads: rule_threads("merge")
     resources:

@@ -30,7 +30,7 @@ rule harr_filter:
         main="logs/harr/filter.log",
         server="logs/harr/serve/filter.log",
     benchmark:
-        "benchmarks/harr/filter.tsv"
+        "benchmarks/harr_filter.tsv"
     # The filter and the trainings are the default DAG's longest chain (about 10 minutes after the
     # generator's SFT), so they and the generator's training jobs run first (Workflow.train_priority).
     priority: WF.CHAIN_PRIORITY
@@ -69,7 +69,7 @@ rule harr_train:
         main="logs/harr/train/{run}.log",
         server="logs/harr/serve/train/{run}.log",
     benchmark:
-        "benchmarks/harr/train/{run}.tsv"
+        "benchmarks/harr_train/{run}.tsv"
     wildcard_constraints:
         run="harr|harr_no_history",
     priority: WF.CHAIN_PRIORITY  # the longest chain: see harr_filter
@@ -109,7 +109,7 @@ rule harr_eval:
         main="logs/harr/eval/{run}/{dataset}.log",
         server="logs/harr/serve/eval/{run}/{dataset}.log",
     benchmark:
-        "benchmarks/harr/eval/{run}/{dataset}.tsv"
+        "benchmarks/harr_eval/{run}/{dataset}.tsv"
     wildcard_constraints:
         run="|".join(HARR_RUNS),
     threads: rule_threads("harr_eval")
@@ -142,7 +142,7 @@ rule harr_recall:
     log:
         "logs/harr/recall/{run}/{dataset}.log",
     benchmark:
-        "benchmarks/harr/recall/{run}/{dataset}.tsv"
+        "benchmarks/harr_recall/{run}/{dataset}.tsv"
     wildcard_constraints:
         run="|".join(HARR_RUNS),
     threads: rule_threads("harr_recall")
@@ -168,7 +168,7 @@ rule harr_manifest:
     log:
         "logs/harr/manifest/{run}.log",
     benchmark:
-        "benchmarks/harr/manifest/{run}.tsv"
+        "benchmarks/harr_manifest/{run}.tsv"
     wildcard_constraints:
         run="|".join(HARR_RUNS),
     threads: 1

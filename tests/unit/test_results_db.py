@@ -312,6 +312,25 @@ def test_table_view_and_meta(built):
     assert rows(built, "SELECT value ->> '$' FROM meta WHERE key = 'main_metric'") == [("em",)]
 
 
+def test_every_rules_benchmark_path_names_its_rule():
+    # The jobs table reads a job's rule from its benchmark path and takes the rule's GPUs from
+    # that name (GPU-hours): benchmarks/harr/train/... was filed under "harr" with 0 GPUs.
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    seen = 0
+    for smk in sorted((repo / "rules").glob("*.smk")):
+        for block in re.split(r"(?m)^(?=rule \w+:)", smk.read_text()):
+            m = re.match(r"rule (\w+):", block)
+            if not m:
+                continue
+            bench = re.search(r'benchmark:\s*\n\s*f?"([^"]+)"', block)
+            assert bench, f"{smk.name}: rule {m.group(1)} has no benchmark"
+            assert benchmark_rule(bench.group(1))[0] == m.group(1), (smk.name, m.group(1), bench.group(1))
+            seen += 1
+    assert seen > 25
+
+
 def test_benchmark_rule_from_path():
     assert benchmark_rule("benchmarks/world.tsv") == ("world", "")
     assert benchmark_rule("benchmarks/align/nq/3.tsv") == ("align", "nq/3")

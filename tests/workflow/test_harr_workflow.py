@@ -86,11 +86,15 @@ def test_harr_dag_makes_its_tables(tmp_path):
     recall = json.loads((tmp_path / "results/harr/recall/harr/world_test/metrics.json").read_text())
     assert recall["dataset"] == "world_test_multihop" and recall["n"] > 0
     assert recall["metrics"]["recall@5"] >= recall["metrics"]["recall@1"]
-    for rule in ("filter", "train/harr", "eval/harr_frozen/world_test", "recall/harr/world_test"):
-        assert (tmp_path / f"logs/harr/{rule}.log").is_file() and (tmp_path / f"benchmarks/harr/{rule}.tsv").is_file()
+    for job in ("filter", "train/harr", "eval/harr_frozen/world_test", "recall/harr/world_test"):
+        # benchmarks/<rule>/...: the results database reads a job's rule from that path
+        bench = "harr_" + job
+        assert (tmp_path / f"logs/harr/{job}.log").is_file() and (tmp_path / f"benchmarks/{bench}.tsv").is_file()
     import duckdb
 
     con = duckdb.connect(str(tmp_path / "results/ragrl.duckdb"), read_only=True)
+    rules = {r for (r,) in con.execute("select distinct rule from jobs").fetchall()}
+    assert {"harr_filter", "harr_train", "harr_eval", "harr_recall"} <= rules and "harr" not in rules
     steps = dict(con.execute("select run_id, count(*) from train_log group by run_id").fetchall())
     assert steps["harr"] == 2 and steps["harr_no_history"] == 2
 
