@@ -577,3 +577,17 @@ def test_cli_builds_tables_and_plots_from_the_lineage(tmp_path):
         "family_kg.png", "family_search.png", "metrics_em.png", "metrics_f1.png", "paired_em.png", "paired_f1.png",
         "reward_curves.png", "search_rl_training.png"]
 
+
+
+def test_every_step_of_a_figure_has_its_own_colour():
+    # The default run has eleven steps; matplotlib's default cycle has ten colours, so "gold"
+    # was drawn in "base"'s blue.
+    from types import SimpleNamespace
+
+    from ragrl.results.plots import _step_colors
+
+    for n in (3, 11, 20):
+        runs = [f"r{i}" for i in range(n)]
+        res = SimpleNamespace(runs=runs, lineage={r: SimpleNamespace(step=f"s{i}") for i, r in enumerate(runs)})
+        colors = _step_colors(res)
+        assert len(set(colors.values())) == n == len(colors)

@@ -326,7 +326,14 @@ def _load(db_path: str | os.PathLike) -> _Results:
 
 def _step_colors(res: _Results) -> dict[str, str]:
     steps = list(dict.fromkeys(res.lineage[r].step for r in res.runs))
-    return {s: f"C{i % 10}" for i, s in enumerate(steps)}
+    # matplotlib's default cycle has 10 colours: past ten steps two would share one (the default
+    # run has 11: "gold" was drawn as "base"). tab20 has twenty distinct ones; beyond that, cycle.
+    if len(steps) <= 10:
+        return {s: f"C{i}" for i, s in enumerate(steps)}
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab20"].colors
+    return {s: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, s in enumerate(steps)}
 
 
 def _draw_runs(ax, res: _Results, runs: Sequence[str], datasets: Sequence[str], metric: str, title: str) -> None:
