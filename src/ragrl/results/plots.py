@@ -332,8 +332,8 @@ def _step_colors(res: _Results) -> dict[str, str]:
         return {s: f"C{i}" for i, s in enumerate(steps)}
     import matplotlib
 
-    palette = matplotlib.colormaps["tab20"].colors
-    return {s: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, s in enumerate(steps)}
+    tab20 = matplotlib.colormaps["tab20"]
+    return {s: matplotlib.colors.to_hex(tab20(i % 20)) for i, s in enumerate(steps)}
 
 
 def _draw_runs(ax, res: _Results, runs: Sequence[str], datasets: Sequence[str], metric: str, title: str) -> None:
