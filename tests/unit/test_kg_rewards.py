@@ -17,6 +17,7 @@ from ragrl.rewards.kg import (
     gold_entities,
     hits_at_1,
     kg_rewards,
+    kg_turns,
     retrieval_hit,
     split_turns,
     turn_format_ok,
@@ -170,6 +171,36 @@ def test_querying_an_ambiguous_gold_name_is_not_retrieving_it():
     containing = get_entities_out(store, "Paris", "location.location.containedby").message
     assert retrieval_hit([containing], ["Paris"]) == 0.0
     assert retrieval_hit([containing], ["Texas"]) == 1.0  # a result on the line before the note
+
+
+def test_an_alias_or_kb_id_of_an_entity_already_queried_is_no_new_query():
+    # The key of a successful query is the call the store answered (its canonical name), not the
+    # text the policy typed: asking again under an alias or KB id must not earn the turn term twice.
+    from pathlib import Path
+
+    from ragrl.kg.ops import get_relations_out
+    from ragrl.kg.store import load_kg
+
+    store = load_kg(Path(__file__).resolve().parents[2] / "resources/fixtures/kgqa/simple", "whole").store
+    turns = [TurnRecord(f'<think>t</think><kg-query>get_relations_out("{name}")</kg-query>',
+                        get_relations_out(store, name).message) for name in
+             ("John F. Kennedy", "m.0d3k14", "john f. kennedy", "Jacqueline Kennedy Onassis")]
+    assert [c["query"] for c in turn_reward_components(kg_turns(turns))] == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_through_kg_r1s_server_the_queried_entity_is_not_a_retrieval():
+    # KG-R1's server names the queried entity in its answer's header line; our client keeps that
+    # text. Querying a gold name is not retrieving it; a result is.
+    from ragrl.kg.client import as_our_result
+
+    item = {"object": "kg_retrieval", "success": True, "kg_metadata": {"error_type": "KG_SUCCESS"},
+            "choices": [{"message": {"content": 'Outgoing relations for entity "Washington, D.C.":\n'
+                                                "location.country.capital"}}]}
+    obs = as_our_result(item, {"action_type": "get_relations_out", "entity_id": "Washington, D.C."})["message"]
+    assert retrieval_hit([obs], ["Washington, D.C."]) == 0.0
+    item["choices"][0]["message"]["content"] = 'Entities with relation "capital" to "France": Paris'
+    obs = as_our_result(item, {"action_type": "get_entities_in", "entity_id": "France", "relation": "capital"})["message"]
+    assert retrieval_hit([obs], ["France"]) == 0.0 and retrieval_hit([obs], ["Paris"]) == 1.0
 
 
 def test_a_comma_list_keeps_a_gold_name_with_a_comma_whole():

@@ -81,8 +81,25 @@ def _turn(text: str, info: str | None, forced: bool) -> KGTurn:
         if not isinstance(query, KGQuery):
             return KGTurn(text, "invalid", forced=forced)
         status = status_of_message(info)
-        return KGTurn(text, "kg-query", query.key, status.value if status else None, forced)
+        key = _answered_key(info) if status is Status.SUCCESS else None
+        return KGTurn(text, "kg-query", key or query.key, status.value if status else None, forced)
     return KGTurn(text, action.kind, forced=forced)
+
+
+def _answered_key(info: str | None) -> tuple[str, ...] | None:
+    """The key of the call a success message echoes on its first line ('get_relations_out("Ada
+    Lovelace") found 3 relations:'): the entity as the store resolved it, so an alias or KB id of
+    an entity already queried is the same query, not a new one to be rewarded again."""
+    echoed = _echoed((info or "").lstrip().partition("\n")[0])
+    return echoed.key if echoed is not None else None
+
+
+def _echoed(line: str) -> KGQuery | None:
+    """The call a success message's first line echoes: ours end it with " found N ...:", the
+    KG-R1 client's with ":" (`ragrl.kg.client`)."""
+    call = line.split(") found ", 1)[0] + ")" if ") found " in line else line.rstrip(":")
+    echoed = parse_query(call)
+    return echoed if isinstance(echoed, KGQuery) else None
 
 
 def turn_format_ok(text: str, forced: bool = False) -> bool:
@@ -207,19 +224,23 @@ def observations(turns: Sequence[TurnRecord]) -> list[str]:
 def retrieval_hit(observation_texts: Iterable[str], golds: Iterable[Mapping[str, object] | str]) -> float:
     """1.0 if a gold entity's text/kb_id is one of the results (as whole words) of a successful query.
 
-    Only the result lines count: error messages suggest names and list relations, and a
-    suggestion is not a retrieval.
+    Only results count: error messages suggest names and list relations, and a suggestion is not
+    a retrieval; nor is the query's own argument, which a success names in the ambiguity note of
+    ours ('(Note: 2 entities are named "Paris"...)') and in the header of KG-R1's server
+    ('Outgoing relations for entity "Paris":'), so querying a gold name is not retrieving it.
     """
     keys = set().union(*gold_entities(golds))
     for obs in observation_texts:
         if status_of_message(obs) is not Status.SUCCESS:
             continue
-        # A success is "<call> found N ...:\n<results>" and maybe "\n(Note: N entities are named
-        # "<the queried name>"...)" (ragrl.kg.ops): the result line alone, or querying an
-        # ambiguous gold name would count as retrieving it.
-        _, _, body = obs.strip().partition("\n")
-        results = body.partition("\n")[0]
-        norm = f" {normalize_answer(results)} "
+        head, _, body = obs.strip().partition("\n")
+        lines = [ln for ln in body.split("\n") if not ln.lstrip().startswith("(Note: ")]
+        norm = f" {normalize_answer(' '.join(lines))} "
+        echoed = _echoed(head)
+        for arg in echoed.args if echoed is not None else ():
+            queried = normalize_answer(arg)
+            if queried:
+                norm = norm.replace(f" {queried} ", " ")
         if any(f" {k} " in norm for k in keys):
             return 1.0
     return 0.0
