@@ -165,6 +165,22 @@ def test_http_kg_r1_request_shape(server):
     assert raw.status_code == 200 and raw.json()[0]["results"] == [BIRTH]
 
 
+def test_an_environment_over_a_url_names_the_dataset_its_client_was_given(server):
+    # `ragrl eval --kg-url URL --kg-dataset NAME`: a serve-kg of several KGs (and KG-R1's server,
+    # which requires a dataset_name) picks the KG by that name; without one the query names None.
+    from ragrl.stages.agent import load_backends
+
+    query = [Action("kg-query", ('get_relations_out("John F. Kennedy")',))]
+    backend = load_backends(kg_url=server.url, kg_dataset="full")["graph"]
+    with backend:
+        (info,) = KGEnvironment(backend).respond(query)
+    assert info.startswith('get_relations_out("John F. Kennedy") found')
+    with KGClient(server.url, timeout=10, retries=0) as client, pytest.raises(KGBackendError, match="unknown dataset"):
+        KGEnvironment(client).respond(query)
+    with pytest.raises(ValueError, match="--kg-dataset names the dataset of a --kg-url server"):
+        load_backends(kg=FIXTURE, kg_dataset="full")
+
+
 def test_client_chunks_large_batches(server):
     with KGClient(server.url, timeout=10, retries=0, batch_size=3) as client:
         results = client.retrieve([req("get_relations_out", "John F. Kennedy")] * 7)

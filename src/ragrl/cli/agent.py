@@ -16,6 +16,7 @@ def _backends(args: argparse.Namespace) -> dict:
     oracle = getattr(args, "oracle", False)
     return load_backends(index=args.index, bm25=args.bm25, mode=args.mode, passages=args.passages, gpu=args.gpu,
                          kg=args.kg, kg_mode=args.kg_mode, kg_url=args.kg_url,
+                         kg_dataset=getattr(args, "kg_dataset", None),
                          oracle_qa=args.qa if oracle else None, ranking=getattr(args, "ranking", None))
 
 
@@ -120,7 +121,9 @@ def _recipe_args(p: argparse.ArgumentParser, retriever: bool = True, per_dataset
         else:
             p.add_argument("--kg", type=Path, help="KG dir for env kg (triples parquet dir or simple KGQA format)")
             p.add_argument("--kg-mode", choices=["whole", "subgraph"], default="whole")
-        p.add_argument("--kg-url", help="a running `ragrl serve-kg` instead of an in-process KG")
+        p.add_argument("--kg-url", help="a running `ragrl serve-kg` (or KG-R1's server) instead of an in-process KG")
+        p.add_argument("--kg-dataset", help="with --kg-url: the dataset_name every query names (KG-R1's server "
+                                            "requires one, e.g. webqsp; a serve-kg of several KGs picks its KG by it)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -47,10 +47,14 @@ class KGServiceUnavailable(KGServiceError):
 
 class KGClient:
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, *, backoff: float = 0.5,
-                 max_backoff: float = 8.0, batch_size: int = 256, transport: httpx.BaseTransport | None = None) -> None:
+                 max_backoff: float = 8.0, batch_size: int = 256, transport: httpx.BaseTransport | None = None,
+                 dataset_name: str | None = None) -> None:
         if retries < 0 or batch_size < 1:
             raise InputError("retries must be >= 0 and batch_size >= 1")
         self.url = url.rstrip("/")
+        # What a KGEnvironment over this client names in each query (KG-R1's dataset_name): its
+        # server requires one, and a serve-kg of several KGs picks the KG by it.
+        self.dataset_name = dataset_name
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff

@@ -59,7 +59,8 @@ class KGEnvironment:
 
     def __init__(self, backend: KGBackend, dataset_name: str | None = None, sample_id: str | None = None) -> None:
         self.backend = backend
-        self.dataset_name = dataset_name
+        # None: the backend's own (a KGClient's --kg-dataset); an in-process KG accepts any
+        self.dataset_name = dataset_name if dataset_name is not None else getattr(backend, "dataset_name", None)
         self.sample_id = sample_id
         self.spec = KG_SPEC
         self.last_search_s = 0.0  # wall time of the latest backend call (0 when none was needed)

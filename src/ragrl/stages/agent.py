@@ -21,7 +21,7 @@ from ragrl.serving import api_key as endpoint_api_key
 
 def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: str | None = None,
                   passages: Path | None = None, gpu: bool = False, kg: Path | None = None, kg_mode: str = "whole",
-                  kg_url: str | None = None, oracle_qa: Path | None = None,
+                  kg_url: str | None = None, kg_dataset: str | None = None, oracle_qa: Path | None = None,
                   ranking: Path | None = None) -> dict[str, Any]:
     """What the CLI flags name, by input kind: a passage retriever (`retriever`), a knowledge graph (`graph`).
 
@@ -54,7 +54,9 @@ def load_backends(*, index: Path | None = None, bm25: Path | None = None, mode: 
     if kg_url:
         from ragrl.kg.client import KGClient
 
-        backends["graph"] = KGClient(kg_url)
+        backends["graph"] = KGClient(kg_url, dataset_name=kg_dataset)
+    elif kg_dataset is not None:
+        raise InputError("--kg-dataset names the dataset of a --kg-url server; an in-process --kg needs none")
     elif kg is not None:
         from ragrl.kg.server import KGService
         from ragrl.kg.store import load_kg
