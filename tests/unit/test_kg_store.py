@@ -148,6 +148,8 @@ def test_suggestions_by_case_insensitive_prefix(store):
     assert store.suggest("ada lovelac") == ["Ada Lovelace"]
     assert store.suggest("Charles Darwin")[0] == "Charles Babbage"  # longest shared prefix: "charles "
     assert store.suggest("zzz") == []
+    # Shorter than min_prefix (3): nothing, so names cannot be listed letter by letter.
+    assert store.suggest("Ad") == [] and store.suggest("A") == [] and "Ada Lovelace" in store.suggest("Ada")
 
 
 # --------------------------------------------------------------------------- ops and every status

@@ -316,10 +316,12 @@ class KGStore:
         return ids[0] if ids else None
 
     def suggest(self, name: str, limit: int = 5, min_prefix: int = 3) -> list[str]:
-        """Entity names sharing the longest possible case-insensitive prefix with `name`."""
+        """Entity names sharing the longest possible case-insensitive prefix with `name`, of at
+        least `min_prefix` characters: a query of one or two letters gets none, or the policy could
+        list the (question's subgraph's) names letter by letter."""
         keys, ids = self._prefix
         query = normalise_name(name[:200], True)
-        for length in range(len(query), min(min_prefix, len(query)) - 1, -1):
+        for length in range(len(query), max(min_prefix, 1) - 1, -1):
             prefix = query[:length]
             if not prefix:
                 break
