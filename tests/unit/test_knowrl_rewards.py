@@ -120,6 +120,22 @@ def test_pieces():
         "correct", "not_attempted", "incorrect", "incorrect", "incorrect"]
 
 
+def test_a_fact_stated_again_counts_once(db):
+    # The length penalty pays for more facts: the same fact again in another case, with a final
+    # "!", or by the surname (the world's templates read it into the same triple) is one fact, or
+    # restating one true sentence would climb from exp(-9) to near 1.
+    once = score(db, f"<think>{PERSON} was born in Port Velmar.</think><answer>Port Velmar</answer>")[1]
+    think = (f"{PERSON} was born in Port Velmar. {PERSON} was born in port velmar! "
+             f"{PERSON.upper()} WAS BORN IN PORT VELMAR. Daisam was born in Port Velmar.")
+    again = score(db, f"<think>{think}</think><answer>Port Velmar</answer>")[1]
+    assert once["n_facts"] == again["n_facts"] == 1.0
+    assert again["factuality"] == pytest.approx(once["factuality"]) == pytest.approx(E9)
+    # Two different facts stay two.
+    two = score(db, f"<think>{PERSON} was born in Port Velmar. {PERSON} works for Gipusk Holdings.</think>"
+                    "<answer>Port Velmar</answer>")[1]
+    assert two["n_facts"] == 2.0
+
+
 def test_a_gold_that_reads_like_a_refusal_is_graded_correct():
     # The match is checked before the refusal words: the album "Unknown Pleasures" is an answer.
     assert [em_grade(a, ["Unknown Pleasures"]) for a in ("Unknown Pleasures", "unknown", "Closer")] == [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 GAMMA = 10  # KnowRL's length-penalty horizon (fact_reward.py: get_score(gamma=10))
@@ -119,6 +119,13 @@ class FactScorer:
     def verify(self, topic: str, facts: Sequence[str], passages: Sequence[tuple[str, str]]) -> list[FactVerdict]:
         raise NotImplementedError
 
+    def fact_key(self, topic: str, fact: str, passages: Sequence[tuple[str, str]]) -> Hashable:
+        """Facts with one key are one fact: a text that states a fact again (another case, a final
+        "!") does not count it twice. The length penalty pays for more facts, so restating one
+        true sentence eleven times would score 0.92 against its 0.0001. By its words here; a
+        backend that reads facts into triples keys them by those."""
+        return " ".join(fact.casefold().split()).rstrip(" .!?;:,")
+
     def score(self, topic: str, text: str) -> FactScore:
         return self.score_many([(topic, text)])[0]
 
@@ -145,5 +152,7 @@ class FactScorer:
                 self.calls["verify"] += len(todo)
                 for verdict in self.verify(topic, todo, passages):
                     self.verdict_cache[(topic, verdict.fact)] = verdict
-            out.append(FactScore(topic, tuple(self.verdict_cache[(topic, f)] for f in facts), gamma=self.gamma))
+            keys = {self.fact_key(topic, f, passages): f for f in reversed(facts)}  # the first of each key
+            kept = [f for f in facts if keys[self.fact_key(topic, f, passages)] == f]
+            out.append(FactScore(topic, tuple(self.verdict_cache[(topic, f)] for f in kept), gamma=self.gamma))
         return out

@@ -9,13 +9,14 @@ into a (head, relation, tail) triple that the topic's KB document states, the do
 sentences parsed by the same templates. A referring expression for the topic ("The city", the
 surname of a person) counts as the topic. What no template parses (opinions, fillers, hedges) is
 a fact that is never supported, as an NLI model would find no entailing passage for it.
-Comparisons ignore case, extra spaces, a final period and thousands separators.
+Comparisons ignore case, extra spaces, a final period and thousands separators. A fact the text
+states again (the same triples, in any template or case) counts once (`fact_key`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from functools import lru_cache
 
 from ragrl.factscore.core import FactScorer, FactVerdict
@@ -141,6 +142,12 @@ class EmbeddedFactScorer(FactScorer):
 
     def extract(self, texts: Sequence[str]) -> list[list[str]]:
         return [atomic_facts(t) for t in texts]
+
+    def fact_key(self, topic: str, fact: str, passages: Sequence[tuple[str, str]]) -> Hashable:
+        # The triples the templates read: the same fact in another template or with the surname
+        # is the same fact. What no template reads is keyed by its words.
+        claims = frozenset().union(*(parse_triples(fact, t) for t in dict.fromkeys(t for t, _ in passages)))
+        return claims or super().fact_key(topic, fact, passages)
 
     def verify(self, topic: str, facts: Sequence[str], passages: Sequence[tuple[str, str]]) -> list[FactVerdict]:
         if topic not in self._doc_triples:
