@@ -526,3 +526,21 @@ def test_two_runs_of_one_sft_give_identical_weights(tiny, gold_parquet, tmp_path
         torch.manual_seed(100 + k)
         runs.append((train_sft(tiny.model_dir, gold_parquet, tmp_path / f"run{k}", args) / weights).read_bytes())
     assert runs[0] == runs[1]
+
+
+def test_bf16_sft_keeps_float32_weights_so_small_updates_land(tiny, gold_parquet, tmp_path, monkeypatch):
+    # bf16 is the trainer's autocast, not the weights' dtype: in bf16 weights AdamW's update at
+    # a paper learning rate (1e-5) is below half an ulp for most weights and rounds away (3 steps
+    # changed 3.5% of a layer). The trainer runs on CPU here, so its config is told so.
+    import trl
+
+    config = trl.SFTConfig
+    monkeypatch.setattr(trl, "SFTConfig", lambda **kw: config(use_cpu=True, **kw))
+    trainer = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "w",
+                            SFTArgs(bf16=True, max_steps=3, lr=1e-5, batch_size=4))
+    assert trainer.args.bf16 and {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    name = next(k for k in before if k.endswith("mlp.down_proj.weight"))
+    changed = (trainer.model.state_dict()[name] != before[name]).float().mean().item()
+    assert changed > 0.9
