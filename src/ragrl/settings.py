@@ -139,6 +139,8 @@ class RolloutConfig:
     n: int = setting(1, ge=1, help="samples per prompt (a GRPO group; RL sets the group size)")
     seed: int | None = setting(0, help="sampling seed; null: unseeded")
     forced_answer_prefill: bool = setting(True, help="prefill <answer> in the forced answer turn")
+    turn_limit_notice: bool = setting(True, help="the turn-limit notice before the forced answer turn (the authors' "
+                                                 "Search-R1 and KG-R1 loops generate the last turn without one)")
     instruction: str | None = setting(
         None, help="prompt with {question} (and {max_queries}) placeholders; null: the environment's Search-R1 style "
                    "default (protocol.DEFAULT_INSTRUCTION / DEFAULT_MULTI_QUERY_INSTRUCTION)")

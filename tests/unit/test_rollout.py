@@ -206,6 +206,31 @@ def test_forced_turn_without_prefill_does_not_search(tiny):
     assert t.response_text.endswith("</information>\n\n<think>again</think><search>more</search>")
 
 
+def test_the_authors_last_turn_has_no_notice_and_no_prefill(tiny):
+    # Search-R1's and KG-R1's loops generate the last turn as any other: nothing inserted after the
+    # last observation; an answer there is scored, a search is not executed.
+    contexts = []
+
+    def script(context):
+        contexts.append(context)
+        return ("<think>found</think><answer>Velmar</answer>" if len(contexts) == 2
+                else "<think>look</think><search>Velmar founded</search>")
+
+    retriever = FakeRetriever(tiny.world.passages)
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), SearchEnvironment(retriever), max_turns=1,
+                     forced_answer_prefill=False, turn_limit_notice=False)
+    (t,) = engine.run_questions([tiny.rows[0]["question"]])
+    check_mask_against_info_spans(t, tiny.tok)
+    check_turns(t)
+    assert contexts[1].endswith("</information>\n\n") and TURN_LIMIT_NOTICE not in t.response_text
+    assert t.answer == "Velmar" and t.actions[-1]["forced"] and not t.actions[-1]["after_notice"]
+    assert turns_format_reward(recorded_turns(t)) == 1.0  # the last turn needs its <think>, as any other
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, lambda c: "<think>again</think><search>more</search>"),
+                     SearchEnvironment(retriever), max_turns=1, forced_answer_prefill=False, turn_limit_notice=False)
+    (t,) = engine.run_questions([tiny.rows[0]["question"]])
+    assert t.stop_reason == "no_answer" and not t.actions[-1]["valid"] and len(retriever.calls) == 2
+
+
 def test_zero_tool_turns_is_a_plain_answer_turn(tiny):
     gen = ScriptedGenerator(tiny.tok, lambda c: "<think>no tools</think><answer>x</answer>")
     (t,) = _engine(tiny, gen, max_turns=0).run_questions([tiny.rows[0]["question"]])

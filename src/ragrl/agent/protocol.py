@@ -343,15 +343,17 @@ def observation(inner: str) -> str:
     return OBS_PREFIX + inner.strip() + OBS_SUFFIX
 
 
-def forced_answer_prompt(prefill: bool = True) -> str:
+def forced_answer_prompt(prefill: bool = True, notice: bool = True) -> str:
     """Appended (as environment tokens) after the last allowed tool turn.
 
-    It follows an observation that already ends in a blank line. With `prefill` the <answer> tag
-    is written for the model: the final turn then only has to produce the answer text and
-    </answer>, so every trajectory that reaches the limit yields a scorable answer attempt
-    instead of another (unexecuted) search.
+    It follows an observation that already ends in a blank line. With `notice`, the turn-limit
+    notice in an <information> block; with `prefill` the <answer> tag is written for the model:
+    the final turn then only has to produce the answer text and </answer>, so every trajectory
+    that reaches the limit yields a scorable answer attempt instead of another (unexecuted)
+    search. Neither (the authors' Search-R1 and KG-R1 loops): the last turn is generated as any
+    other, and a search in it is not executed.
     """
-    return INFO_OPEN + TURN_LIMIT_NOTICE + OBS_SUFFIX + (ANSWER_OPEN if prefill else "")
+    return (INFO_OPEN + TURN_LIMIT_NOTICE + OBS_SUFFIX if notice else "") + (ANSWER_OPEN if prefill else "")
 
 
 # --------------------------------------------------------------------------- turn records

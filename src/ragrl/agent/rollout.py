@@ -95,7 +95,7 @@ class RolloutEngine:
         self.reserved = tuple(getattr(tokenizer, "all_special_tokens", ()) or ())
         self._head = self._encode(OBS_PREFIX)
         self._tail = self._encode(OBS_SUFFIX)
-        self._forced = self._encode(forced_answer_prompt(config.forced_answer_prefill))
+        self._forced = self._encode(forced_answer_prompt(config.forced_answer_prefill, config.turn_limit_notice))
         if config.max_obs_tokens < len(self._head) + len(self._tail):
             raise InputError(f"rollout.max_obs_tokens={config.max_obs_tokens} cannot even hold the "
                              f"<information> tags ({len(self._head) + len(self._tail)} tokens)")
@@ -188,7 +188,7 @@ class RolloutEngine:
                       "text": text, "observation": None, "retrieved": [],
                       # the environment's turn-limit notice preceded this turn (a closed-book turn is
                       # past a budget of 0 tool turns, but no notice was shown: it still needs <think>)
-                      "after_notice": forced and cfg.max_turns > 0}
+                      "after_notice": forced and cfg.max_turns > 0 and cfg.turn_limit_notice}
             t.actions.append(record)
             if action.kind == "answer":
                 t.answer = action.answer
