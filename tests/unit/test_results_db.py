@@ -165,6 +165,30 @@ def test_evals_long_format(built):
     assert rows(built, "SELECT count(*) FROM evals WHERE ci_low IS NOT NULL OR ci_high IS NOT NULL") == [(0,)]
 
 
+def test_a_metric_undefined_for_some_questions_has_their_count_as_n(tmp_path):
+    # Fact precision is None for a refusal: its mean is over the others, and the database says how
+    # many (it said n = every question).
+    from ragrl.eval.evaluate import summarize
+
+    preds = [{"em": 1.0, "fact_precision": None if i < 3 else 0.5, "question_type": "a" if i % 2 else "b"}
+             for i in range(10)]
+    metrics = summarize(preds, "r1", "nq", ("fact_precision",))
+    assert metrics["counts"]["fact_precision"] == 7 and metrics["by_type"]["a"]["counts"]["fact_precision"] == 4
+    assert "em" not in metrics["counts"] and metrics["counts"]["f1"] == 0  # every question has em; none f1
+    run = _write_json(tmp_path / "run.json", {"run_id": "r1", "recipe": "x", "model": "m", "config_hash": "h",
+                                              "git_commit": "c", "seeds": {}, "stage": "sft"})
+    db = tmp_path / "db.duckdb"
+    build_database(db, runs=[run], evals=[_write_json(tmp_path / "metrics.json", metrics)], predictions=[],
+                   train_logs=[], benchmarks=[], rule_gpus={}, table_specs=[])
+    assert dict(rows(db, "SELECT metric, n FROM evals WHERE metric IN ('em', 'fact_precision')")) == {
+        "em": 10, "fact_precision": 7}
+    assert rows(db, "SELECT n FROM evals_by_type WHERE metric = 'fact_precision' AND question_type = 'a'") == [(4,)]
+    bad = dict(metrics, counts={"fact_precision": 11})
+    with pytest.raises(ValueError, match="counts.fact_precision"):
+        build_database(tmp_path / "bad.duckdb", runs=[run], evals=[_write_json(tmp_path / "bad.json", bad)],
+                       predictions=[], train_logs=[], benchmarks=[], rule_gpus={}, table_specs=[])
+
+
 def test_evals_carry_the_bootstrap_interval_of_metrics_json(tmp_path):
     from ragrl.eval.evaluate import summarize
 

@@ -210,7 +210,9 @@ def _means(predictions: Sequence[dict], columns: Sequence[str]) -> dict:
     values = {k: [float(p[k]) for p in predictions if p.get(k) is not None] for k in columns}
     means = {k: (math.fsum(v) / len(v) if v else None) for k, v in values.items()}
     ci95 = {k: bootstrap_ci(v) for k, v in values.items()}
-    return {"n": len(predictions), "metrics": means, "ci95": ci95}
+    # how many questions each mean is over, where fewer than n (the database's per-metric n)
+    counts = {k: len(v) for k, v in values.items() if len(v) != len(predictions)}
+    return {"n": len(predictions), "metrics": means, "ci95": ci95, **({"counts": counts} if counts else {})}
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,

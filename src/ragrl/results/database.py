@@ -18,7 +18,8 @@ Tables::
                  family, step, start_run, variant_of, ablation_of)  -- lineage; a run the lineage
                  does not name: family = recipe, step = stage, no links
     evals       (run_id, dataset, metric, value DOUBLE, n BIGINT, ci_low DOUBLE, ci_high DOUBLE)
-                 -- run x dataset x metric; ci_*: 95% bootstrap interval (NULL if not given)
+                 -- run x dataset x metric; n: the questions its mean is over (metrics.json
+                 "counts", else its n); ci_*: 95% bootstrap interval (NULL if not given)
     evals_by_type (run_id, dataset, question_type, metric, value, n, ci_low, ci_high) -- the same
                  per question type, for QA sets whose rows have one (the world's 1hop / bridge /
                  comparison: metrics.json "by_type"); a table spec names such a column
@@ -268,6 +269,20 @@ def _read_eval_object(path: Path, obj: dict, prefix: str = "") -> tuple[str, str
     return obj["run_id"], obj["dataset"], n, values
 
 
+def _read_counts(path: Path, obj: dict, n: int, prefix: str = "") -> dict[str, int]:
+    """metrics.json's optional "counts": how many questions each mean is over (a metric undefined
+    for some questions, such as fact precision of a refusal, is over fewer than n)."""
+    counts = obj.get("counts")
+    if counts is None:
+        return {}
+    if not isinstance(counts, dict):
+        raise DataFormatError(path, "expected an object of metric -> count", field=prefix + "counts")
+    for name, c in counts.items():
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= n:
+            raise DataFormatError(path, f"expected an integer in [0, n={n}], got {c!r}", field=f"{prefix}counts.{name}")
+    return counts
+
+
 def _read_host(path: Path, obj: dict, field: str = "host") -> tuple[str | None, ...]:
     """metrics.json's optional "host" object: its string fields, then the whole object as JSON."""
     host = obj.get("host")
@@ -497,7 +512,8 @@ def build_database(
         host_rows.append((run_id, dataset, *_read_host(p, obj)))
         decoding_rows.append((run_id, dataset, *_read_decoding(p, obj)))
         train_host_rows += [(run_id, dataset, *row) for row in _read_trained(p, obj)]
-        eval_rows += [(run_id, dataset, m, v, n, *ci.get(m, (None, None))) for m, v in metrics.items()]
+        counts = _read_counts(p, obj, n)
+        eval_rows += [(run_id, dataset, m, v, counts.get(m, n), *ci.get(m, (None, None))) for m, v in metrics.items()]
         # Per question type (metrics.json "by_type"), so that a table or a query can put 1hop /
         # bridge / comparison side by side.
         by_type = obj.get("by_type") or {}
@@ -509,7 +525,8 @@ def build_database(
             sub = {"run_id": run_id, "dataset": dataset, **(part if isinstance(part, dict) else {})}
             _, _, sub_n, sub_metrics = _read_eval_object(p, sub, f"by_type.{kind}.")
             sub_ci = _read_ci95(p, sub)
-            type_rows += [(run_id, dataset, kind, m, v, sub_n, *sub_ci.get(m, (None, None)))
+            sub_counts = _read_counts(p, sub, sub_n, f"by_type.{kind}.")
+            type_rows += [(run_id, dataset, kind, m, v, sub_counts.get(m, sub_n), *sub_ci.get(m, (None, None)))
                           for m, v in sub_metrics.items()]
     if eval_rows and main_metric not in {r[2] for r in eval_rows}:
         raise InputError(f"main metric {main_metric!r} appears in no metrics.json "
