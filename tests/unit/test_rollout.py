@@ -231,6 +231,27 @@ def test_the_authors_last_turn_has_no_notice_and_no_prefill(tiny):
     assert t.stop_reason == "no_answer" and not t.actions[-1]["valid"] and len(retriever.calls) == 2
 
 
+@pytest.mark.parametrize("query_format, empty, sep", [("rag_r1", " , ", ", "), ("ragrl", " | ", " | ")])
+def test_a_search_the_environment_refused_earns_no_format_reward(tiny, query_format, empty, sep):
+    # "<search> , </search>" reads as a search in the text, but its queries split to nothing and
+    # the environment refused it: the format term reads the turn record, not the text. And the
+    # refusal names the format's own separator.
+    from ragrl.agent.protocol import recorded_turns as turns_of
+
+    def run(search):
+        calls = iter([f"<think>a</think><search>{search}</search>", "<think>b</think><answer>Paris</answer>"])
+        env = MultiQuerySearchEnvironment(FakeRetriever(tiny.world.passages), topk=1, max_queries=2,
+                                          query_format=query_format)
+        (t,) = _engine(tiny, ScriptedGenerator(tiny.tok, lambda _c: next(calls)), env,
+                       max_turns=2).run_questions([tiny.rows[0]["question"]])
+        return t
+
+    refused, ok = run(empty), run("Velmar founded")
+    assert not refused.actions[0]["valid"] and ok.actions[0]["valid"]
+    assert turns_format_reward(turns_of(refused)) == 0.0 and turns_format_reward(turns_of(ok)) == 1.0
+    assert f"<search>q1{sep}q2</search>" in refused.actions[0]["observation"]
+
+
 def test_zero_tool_turns_is_a_plain_answer_turn(tiny):
     gen = ScriptedGenerator(tiny.tok, lambda c: "<think>no tools</think><answer>x</answer>")
     (t,) = _engine(tiny, gen, max_turns=0).run_questions([tiny.rows[0]["question"]])

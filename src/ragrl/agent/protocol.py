@@ -330,7 +330,10 @@ def invalid_message(error: str | None, spec: ActionSpec = SEARCH_SPEC, reserved:
         error = defuse(error, set(reserved) - set(PROTOCOL_TAGS))
     hint = []
     if "search" in spec.actions:
-        hint.append("<search>q1 | q2</search>" if spec.multi_query else "<search>query</search>")
+        # The environment's own separator: under RAG-R1's commas a "q1 | q2" hint would teach one query.
+        sep = spec.separators[0] if spec.separators else "|"
+        hint.append(f"<search>q1{', ' if sep == ',' else f' {sep.strip() or sep} '}q2</search>" if spec.multi_query
+                    else "<search>query</search>")
     if "kg-query" in spec.actions:
         hint.append("<kg-query>query</kg-query>")
     if "answer" in spec.actions:
@@ -375,6 +378,9 @@ class TurnRecord:
     observation: str | None = None
     after_notice: bool = False
     retrieved: tuple[str, ...] = ()
+    # the environment took the turn's action as valid (a search whose queries all split to
+    # nothing, "<search> , </search>", reads as a search in the text but was refused)
+    valid: bool = True
 
 
 def recorded_turns(trajectory) -> list[TurnRecord]:
@@ -388,7 +394,7 @@ def recorded_turns(trajectory) -> list[TurnRecord]:
         raise RuntimeError("trajectory has no turn record (actions[*].text / .observation): rewards do not re-parse "
                            "response text, where the policy's own <information> blocks would pass as observations")
     return [TurnRecord(str(a["text"]), a.get("observation"), bool(a.get("after_notice", False)),
-                       tuple(str(i) for i in a.get("retrieved") or ())) for a in actions]
+                       tuple(str(i) for i in a.get("retrieved") or ()), bool(a.get("valid", True))) for a in actions]
 
 
 def parse_turns(response_text: str) -> list[TurnRecord]:

@@ -112,7 +112,8 @@ def turns_format_reward(turns: Sequence[TurnRecord], tools: str | Sequence[str] 
     Well formed: each assistant turn is `<think>…</think>` followed by exactly one action with
     plain-text content (optional whitespace around; a tool action's content must not be blank),
     every turn but the last is a tool action (one of `tools`, the environment's action tags other
-    than answer: "search", "kg-query"; empty for a closed-book answer), and the last is an
+    than answer: "search", "kg-query"; empty for a closed-book answer) the environment took as
+    valid (its turn record says; a search whose queries split to nothing is not), and the last is an
     <answer> (possibly empty: that is for the answer metrics to punish). The turn after the
     turn-limit notice is exempt from the <think> requirement, because the environment prefilled
     its <answer> tag.
@@ -129,7 +130,7 @@ def turns_format_reward(turns: Sequence[TurnRecord], tools: str | Sequence[str] 
     last = len(turns) - 1
     for i, turn in enumerate(turns):
         kind = turn_kind(turn.text, require_think=not turn.after_notice)
-        if not (kind == "answer" if i == last else kind in tools):
+        if not (kind == "answer" if i == last else kind in tools and turn.valid):
             return 0.0
     return 1.0
 
