@@ -183,6 +183,10 @@ def test_a_metric_undefined_for_some_questions_has_their_count_as_n(tmp_path):
     assert dict(rows(db, "SELECT metric, n FROM evals WHERE metric IN ('em', 'fact_precision')")) == {
         "em": 10, "fact_precision": 7}
     assert rows(db, "SELECT n FROM evals_by_type WHERE metric = 'fact_precision' AND question_type = 'a'") == [(4,)]
+    assert rows(db, "SELECT metric, n FROM leaderboard") == [("em", 10)]  # the main metric's n, not a count of 0
+    build_database(tmp_path / "fp.duckdb", runs=[run], evals=[tmp_path / "metrics.json"], predictions=[],
+                   train_logs=[], benchmarks=[], rule_gpus={}, table_specs=[], main_metric="fact_precision")
+    assert rows(tmp_path / "fp.duckdb", "SELECT metric, n FROM leaderboard") == [("fact_precision", 7)]
     bad = dict(metrics, counts={"fact_precision": 11})
     with pytest.raises(ValueError, match="counts.fact_precision"):
         build_database(tmp_path / "bad.duckdb", runs=[run], evals=[_write_json(tmp_path / "bad.json", bad)],

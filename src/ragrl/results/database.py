@@ -698,8 +698,8 @@ def _write_all(con, run_rows, eval_rows, type_rows, eval_tables, pred_map, pred_
     metric = sql_literal(main_metric)
     con.execute(f"""
 CREATE VIEW leaderboard AS
-SELECT p.run_id, r.recipe, r.model, p.dataset, {metric} AS metric, e.value, p.n
-FROM (SELECT run_id, dataset, any_value(n) AS n FROM evals GROUP BY run_id, dataset) p
+SELECT p.run_id, r.recipe, r.model, p.dataset, {metric} AS metric, e.value, coalesce(e.n, p.n) AS n
+FROM (SELECT run_id, dataset, max(n) AS n FROM evals GROUP BY run_id, dataset) p
 JOIN runs r ON r.run_id = p.run_id
 LEFT JOIN evals e ON e.run_id = p.run_id AND e.dataset = p.dataset AND e.metric = {metric}
 ORDER BY p.run_id, p.dataset""")
