@@ -201,6 +201,12 @@ def test_through_kg_r1s_server_the_queried_entity_is_not_a_retrieval():
     item["choices"][0]["message"]["content"] = 'Entities with relation "capital" to "France": Paris'
     obs = as_our_result(item, {"action_type": "get_entities_in", "entity_id": "France", "relation": "capital"})["message"]
     assert retrieval_hit([obs], ["France"]) == 0.0 and retrieval_hit([obs], ["Paris"]) == 1.0
+    # A result that contains the queried name is still a result.
+    item["choices"][0]["message"]["content"] = 'Entities with relation "contains" to "Texas": Austin, Paris, Texas'
+    obs = as_our_result(item, {"action_type": "get_entities_in", "entity_id": "Texas", "relation": "contains"})["message"]
+    assert retrieval_hit([obs], ["Paris, Texas"]) == 1.0
+    ours = 'get_entities_out("United States", "territory") found 1 entity:\nUnited States Virgin Islands'
+    assert retrieval_hit([ours], ["United States Virgin Islands"]) == 1.0
 
 
 def test_a_comma_list_keeps_a_gold_name_with_a_comma_whole():

@@ -227,7 +227,9 @@ def retrieval_hit(observation_texts: Iterable[str], golds: Iterable[Mapping[str,
     Only results count: error messages suggest names and list relations, and a suggestion is not
     a retrieval; nor is the query's own argument, which a success names in the ambiguity note of
     ours ('(Note: 2 entities are named "Paris"...)') and in the header of KG-R1's server
-    ('Outgoing relations for entity "Paris":'), so querying a gold name is not retrieving it.
+    ('Outgoing relations for entity "Paris":'), in quotes both, so querying a gold name is not
+    retrieving it. Only the quoted name goes: a result that contains it ("Paris, Texas" from
+    "Texas") still counts.
     """
     keys = set().union(*gold_entities(golds))
     for obs in observation_texts:
@@ -235,12 +237,11 @@ def retrieval_hit(observation_texts: Iterable[str], golds: Iterable[Mapping[str,
             continue
         head, _, body = obs.strip().partition("\n")
         lines = [ln for ln in body.split("\n") if not ln.lstrip().startswith("(Note: ")]
-        norm = f" {normalize_answer(' '.join(lines))} "
+        text = "\n".join(lines)
         echoed = _echoed(head)
         for arg in echoed.args if echoed is not None else ():
-            queried = normalize_answer(arg)
-            if queried:
-                norm = norm.replace(f" {queried} ", " ")
+            text = text.replace(f'"{arg}"', " ")
+        norm = f" {normalize_answer(text)} "
         if any(f" {k} " in norm for k in keys):
             return 1.0
     return 0.0
