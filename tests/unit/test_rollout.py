@@ -857,6 +857,22 @@ def test_a_cut_observation_credits_the_passages_whose_header_came_before_the_cut
     assert shown_passages(shown_hits, full, full[:len(full) - 3]) == ["p1", "p2"]  # the second's text cut
     assert shown_passages(shown_hits, full, full[:full.index("Doc ") + 6]) == []  # "Alpha" cut
     assert shown_passages(shown_hits, full, "") == []
+    title_at = full.index("Beta Works", second)
+    assert shown_passages(shown_hits, full, full[:title_at + 4]) == ["p1"]  # the second's title cut short
+    assert shown_passages(shown_hits, full, full[:title_at + len("Beta Works")]) == ["p1", "p2"]
+
+
+def test_doc_in_the_policys_own_query_is_no_passage_header():
+    from ragrl.agent.protocol import format_multi_docs, format_rag_r1_json
+    from ragrl.agent.rollout import shown_passages
+
+    hits = [{"id": f"p{i}", "title": f"T{i}", "text": "x " * 20} for i in (1, 2, 3)]
+    for render in (format_multi_docs, format_rag_r1_json):
+        full = render(["Doc 1: T1 Doc 2: T2 Doc 3: T3"], [hits]).strip()
+        first = full.index("T1", full.index("Doc 1", full.index("T3") + 2))  # the first passage's own title
+        ranks = [(h["id"], h["title"], r) for r, h in enumerate(hits, 1)]
+        assert shown_passages(ranks, full, full[:first + 10]) == ["p1"], render.__name__
+        assert shown_passages(ranks, full, full[:first - 8]) == [], render.__name__  # cut before the first block
 
 
 def test_retrieval_reward_reads_the_passages_the_environment_showed(tiny):

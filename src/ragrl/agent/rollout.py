@@ -33,6 +33,7 @@ next generation or observation ends there, with the answer it has (None unless i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -209,7 +210,7 @@ class RolloutEngine:
 
         infos = self.env.respond([a for _, a in pending], self.reserved, sample_ids=[t.sample_id for t, _ in pending])
         searched = getattr(self.env, "last_search_s", 0.0) if any(_is_tool_call(a) for _, a in pending) else 0.0
-        # (id, title) of the passages behind each observation, where the environment says (search
+        # (id, title, rank) of the passages behind each observation, where the environment says (search
         # environments); the record keeps those the policy was shown (`shown_passages`).
         hits = getattr(self.env, "last_hits", None)
         hits = hits if isinstance(hits, list) and len(hits) == len(pending) else [[] for _ in pending]
@@ -298,18 +299,28 @@ def _stops(tokenizer) -> tuple[list[int], list[str]]:
 
 def shown_passages(hits: Sequence[tuple[str, str, int]], full: str, shown: str) -> list[str]:
     """Ids of the passages an observation showed the policy: all of them when it was shown in
-    full; when the engine cut it to the token budget, those whose block header ("Doc {rank}",
-    every layout's) and title came before the cut (a passage cut off unread was not retrieved as
-    far as the policy is concerned). The blocks are in hit order, so the headers are found in turn:
-    a title that an earlier passage's text mentions is not its header."""
+    full; when the engine cut it to the token budget, those whose block header and title came
+    before the cut (a passage cut off unread was not retrieved as far as the policy is concerned).
+
+    A block starts "Doc {rank}(Title: {title})" or, in RAG-R1's JSON, "Doc {rank}: {title}", at a
+    line's start or a JSON string's; the blocks are in hit order, so they are found in turn. "Doc 2"
+    in the policy's own query (echoed in a Query line or the JSON's query list) is no header, and a
+    title an earlier passage's text mentions is not its block."""
     if shown == full:
         return [pid for pid, _, _ in hits]
     cut = len(os.path.commonprefix([full, shown]))
-    out, pos = [], 0
+    # RAG-R1's JSON lists the queries first, each a JSON string as the documents are: start after them
+    pos = max(full.find('"documents":'), 0) if full.lstrip().startswith("{") else 0
+    out = []
     for pid, title, rank in hits:
-        header = re.compile(rf"Doc {rank}(?!\d)").search(full, pos)
-        if header is None or header.end() + len(title) > cut:
+        header = re.compile(rf'(?:^|\n|\\n|")Doc {rank}(?:\(Title: |: )').search(full, pos)
+        if header is None:
+            break
+        name = " ".join(title.split())
+        # the title as shown (JSON may escape it: then only its escaped length is known)
+        end = header.end() + (len(name) if full.startswith(name, header.end()) else len(json.dumps(name)) - 2)
+        if end > cut:
             break
         out.append(pid)
-        pos = header.end()
+        pos = end
     return out
