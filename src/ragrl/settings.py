@@ -146,7 +146,10 @@ class RolloutConfig:
                    "default (protocol.DEFAULT_INSTRUCTION / DEFAULT_MULTI_QUERY_INSTRUCTION)")
 
     def __post_init__(self) -> None:
-        check_settings(self)
+        # A prefilled <answer> is what exempts the last turn from <think> (the turn record's
+        # after_notice); without the notice that turn would fail every format check.
+        check_settings(self, *(["forced_answer_prefill needs turn_limit_notice (a prefilled <answer> without the "
+                                "notice before it)"] if self.forced_answer_prefill and not self.turn_limit_notice else []))
 
 
 # Vocabulary size from which SFTArgs.fused_lm_head=None takes TRL's fused LM head (Qwen2.5: 151,936;

@@ -150,6 +150,8 @@ def test_with_the_think_prefilled_only_the_reasoning_is_scored(db):
     assert think_text(body, think_prefilled=True) == f"{PERSON} was born in Port Velmar."
     assert think_text("<think>x</think><answer>y</answer>", think_prefilled=True) == "x"
     assert think_text(body) == body.strip()  # not prefilled: KnowRL's fallback, the whole completion
+    no_close = f"{PERSON} was born in Port Velmar. <answer>x</answer>"
+    assert think_text(no_close, think_prefilled=True) == no_close.strip()  # no </think>: the fallback, no tag added
     prefilled, written = score(db, body, think_prefilled=True), score(db, "<think>" + body)
     assert prefilled[0] == pytest.approx(written[0]) == pytest.approx(3 + E9)
     assert prefilled[1]["n_facts"] == written[1]["n_facts"] == 1.0

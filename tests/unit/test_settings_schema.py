@@ -100,6 +100,9 @@ def test_every_problem_is_named_at_once_and_cross_field_checks_stay():
         settings.HarrEnvironment(topk=5, pool_size=3)
     with pytest.raises(InputError, match="has no {state} placeholder"):
         settings.HarrEnvironment(template="{instruction}")
+    with pytest.raises(InputError, match="forced_answer_prefill needs turn_limit_notice"):
+        settings.RolloutConfig(turn_limit_notice=False)
+    assert not settings.RolloutConfig(turn_limit_notice=False, forced_answer_prefill=False).turn_limit_notice
     # Tied groups are zero-signal only where advantages are normalised per group (grpo, remax).
     with pytest.raises(InputError, match="algorithm 'ppo_clip' takes no filter_tied_groups"):
         settings.RLConfig(algorithm="ppo_clip", filter_tied_groups=True)

@@ -544,3 +544,8 @@ def test_bf16_sft_keeps_float32_weights_so_small_updates_land(tiny, gold_parquet
     name = next(k for k in before if k.endswith("mlp.down_proj.weight"))
     changed = (trainer.model.state_dict()[name] != before[name]).float().mean().item()
     assert changed > 0.9
+    # LoRA: the frozen base may stay bf16 (half the memory); the trained adapters are float32.
+    lora = build_trainer(tiny.model_dir, gold_parquet, tmp_path / "l", SFTArgs(bf16=True, lora=True, max_steps=1))
+    dtypes = {n: p.dtype for n, p in lora.model.named_parameters()}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}

@@ -122,8 +122,9 @@ class FactScorer:
     def fact_key(self, topic: str, fact: str, passages: Sequence[tuple[str, str]]) -> Hashable:
         """Facts with one key are one fact: a text that states a fact again (another case, a final
         "!") does not count it twice. The length penalty pays for more facts, so restating one
-        true sentence eleven times would score 0.92 against its 0.0001. By its words here; a
-        backend that reads facts into triples keys them by those."""
+        true sentence eleven times would score 0.92 against its 0.0001. By its words here
+        (case-folded, spaces collapsed, a trailing .!?;:, stripped); a backend that reads facts
+        into triples keys them by those."""
         return " ".join(fact.casefold().split()).rstrip(" .!?;:,")
 
     def score(self, topic: str, text: str) -> FactScore:

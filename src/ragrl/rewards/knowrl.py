@@ -9,8 +9,8 @@ train/reward_function/{format,correct,combined,fact}_reward.py).
   (a refusal such as "I don't know") +1, incorrect −1; no answer tag or an empty answer is
   incorrect, as in KnowRL. An unreadable LLM grade scores 0, as in KnowRL.
 - factuality: the fact score of the think text (the first <think>…</think>, else the whole
-  completion, as theirs; with `think_prefilled` the opening tag is prepended first, as their format
-  check does, so the answer is not scored as reasoning), i.e. mean supported × length penalty.
+  completion, as theirs; with `think_prefilled`, ours, the text up to the first </think>, so the
+  answer is not scored as reasoning), i.e. mean supported × length penalty.
 - fact_mode `additive` (the paper): the factuality term is added to every sample; `wrong_only`
   (KnowRL's code at HEAD, combined_reward.py): added only where the grade is incorrect.
 
@@ -62,12 +62,13 @@ def format_reward(completion, think_prefilled: bool = False) -> float:
 
 
 def think_text(completion, think_prefilled: bool = False) -> str:
-    """The reasoning the fact term scores. `think_prefilled`: the prompt opened the <think>, so it
-    is prepended as `format_reward` does; without it the completion has no opening tag and the
-    whole of it, answer and tags included, would be scored as reasoning."""
+    """The reasoning the fact term scores: the first <think>…</think>, else the whole completion
+    (KnowRL's fact_reward.py). `think_prefilled` (ours: the prompt opened the <think>): the text
+    up to the first </think>; without it the completion has no opening tag and the whole of it,
+    answer and tags included, would be scored as reasoning."""
     text = _text(completion)
-    if think_prefilled and not text.lstrip().startswith("<think>"):
-        text = "<think>" + text
+    if think_prefilled and not text.lstrip().startswith("<think>") and "</think>" in text:
+        return text.partition("</think>")[0].strip()
     m = _THINK.search(text)
     return (m.group(1) if m else text).strip()
 
