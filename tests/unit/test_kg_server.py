@@ -179,6 +179,15 @@ def test_an_environment_over_a_url_names_the_dataset_its_client_was_given(server
         KGEnvironment(client).respond(query)
     with pytest.raises(ValueError, match="--kg-dataset names the dataset of a --kg-url server"):
         load_backends(kg=FIXTURE, kg_dataset="full")
+    # `ragrl eval` of two datasets: each names its own KG on the server, by position as --kg does.
+    from ragrl.cli import build_parser
+    from ragrl.cli.agent import _eval_datasets
+
+    args = build_parser().parse_args(["eval", "--recipe", "{}", "--model", "m", "--out", "o", "--run-id", "r",
+                                      "--kg-url", server.url,
+                                      "--dataset", "a", "--qa", "a.parquet", "--dataset", "b", "--qa", "b.parquet",
+                                      "--kg-dataset", "full", "--kg-dataset", "webqsp"])
+    assert [(name, b["graph"].dataset_name) for name, _, b in _eval_datasets(args)] == [("a", "full"), ("b", "webqsp")]
 
 
 def test_client_chunks_large_batches(server):

@@ -74,12 +74,14 @@ def _eval_datasets(args: argparse.Namespace) -> list[tuple[str, Path, dict]]:
     if len(args.qa) != n:
         raise InputError(f"--qa given {len(args.qa)} times for {n} --dataset ({', '.join(names)}): one each")
     kgs, modes = per_dataset("--kg", args.kg), per_dataset("--kg-mode", args.kg_mode, "whole")
+    kg_datasets = per_dataset("--kg-dataset", args.kg_dataset)
     loaded: dict[tuple, dict] = {}
     out = []
-    for name, qa, kg, mode in zip(names, args.qa, kgs, modes, strict=True):
-        key = (kg, mode, qa if args.oracle else None)
+    for name, qa, kg, mode, kg_dataset in zip(names, args.qa, kgs, modes, kg_datasets, strict=True):
+        key = (kg, mode, kg_dataset, qa if args.oracle else None)
         if key not in loaded:
-            loaded[key] = _backends(argparse.Namespace(**{**vars(args), "qa": qa, "kg": kg, "kg_mode": mode}))
+            loaded[key] = _backends(argparse.Namespace(**{**vars(args), "qa": qa, "kg": kg, "kg_mode": mode,
+                                                          "kg_dataset": kg_dataset}))
         out.append((name, qa, loaded[key]))
     return out
 
@@ -122,8 +124,12 @@ def _recipe_args(p: argparse.ArgumentParser, retriever: bool = True, per_dataset
             p.add_argument("--kg", type=Path, help="KG dir for env kg (triples parquet dir or simple KGQA format)")
             p.add_argument("--kg-mode", choices=["whole", "subgraph"], default="whole")
         p.add_argument("--kg-url", help="a running `ragrl serve-kg` (or KG-R1's server) instead of an in-process KG")
-        p.add_argument("--kg-dataset", help="with --kg-url: the dataset_name every query names (KG-R1's server "
-                                            "requires one, e.g. webqsp; a serve-kg of several KGs picks its KG by it)")
+        help_ = ("with --kg-url: the dataset_name the queries name (KG-R1's server requires one, e.g. webqsp; a "
+                 "serve-kg of several KGs picks its KG by it)")
+        if per_dataset:
+            p.add_argument("--kg-dataset", action="append", help=help_ + "; per --dataset like --kg (once: for all)")
+        else:
+            p.add_argument("--kg-dataset", help=help_)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
