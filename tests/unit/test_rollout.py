@@ -252,6 +252,23 @@ def test_a_search_the_environment_refused_earns_no_format_reward(tiny, query_for
     assert f"<search>q1{sep}q2</search>" in refused.actions[0]["observation"]
 
 
+def test_distinct_queries_per_search_as_the_evaluation_records_it(tiny):
+    # RAG-R1's parallel-query figure (issue #35): distinct queries of the executed searches per search.
+    from ragrl.methods import get_method
+
+    def run(turns):
+        calls = iter(turns + ["<think>b</think><answer>Paris</answer>"])
+        env = MultiQuerySearchEnvironment(FakeRetriever(tiny.world.passages), topk=1, max_queries=3)
+        (t,) = _engine(tiny, ScriptedGenerator(tiny.tok, lambda _c: next(calls)), env,
+                       max_turns=3).run_questions([tiny.rows[0]["question"]])
+        return get_method("multi_query_search").eval_metrics(None, tiny.rows[0], t)["distinct_per_search"]
+
+    assert run(["<think>a</think><search>A? | B?</search>"]) == 2.0
+    assert run(["<think>a</think><search>A? | B?</search>", "<think>a</think><search>A?</search>"]) == 1.0
+    assert run(["<think>a</think><search> | </search>", "<think>a</think><search>A?</search>"]) == 1.0  # refused: not counted
+    assert run([]) is None
+
+
 def test_zero_tool_turns_is_a_plain_answer_turn(tiny):
     gen = ScriptedGenerator(tiny.tok, lambda c: "<think>no tools</think><answer>x</answer>")
     (t,) = _engine(tiny, gen, max_turns=0).run_questions([tiny.rows[0]["question"]])

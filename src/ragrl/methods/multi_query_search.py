@@ -53,4 +53,6 @@ METHOD = Method(
     rl_backends=("local", "verl"),
     baselines=True,
     row_columns=search.METHOD.row_columns,
+    eval_metrics=search.eval_metrics,
+    eval_metric_columns=search.METHOD.eval_metric_columns,
 )

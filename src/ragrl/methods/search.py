@@ -97,6 +97,17 @@ def verl_reward(weights: Mapping[str, float], trajectory: Mapping[str, Any], gol
     return {"score": float(composite_reward(trajectory, golds, weights, tools)), **parts}
 
 
+def eval_metrics(recipe, row: Mapping[str, Any], trajectory) -> dict[str, float | None]:
+    """`distinct_per_search`: the distinct queries of the executed searches per search (RAG-R1's
+    parallel queries: one search of "A? | B?" counts 2, a query repeated in a later search once);
+    None without a search, so the mean is over the questions that searched. In the database per
+    question type, so "world_test:comparison" holds issue #35's RAG-R1 bar."""
+    searches = [a for a in trajectory.actions if a["type"] == "search" and a["valid"]]
+    if not searches:
+        return {"distinct_per_search": None}
+    return {"distinct_per_search": len({q for a in searches for q in a["queries"]}) / len(searches)}
+
+
 def world_gold_reason(dataset: Mapping[str, Any]) -> str | None:
     """Gold plans need the synthetic world's hop annotations: only its QA splits have them."""
     if dataset.get("format") == "parquet" and str(dataset.get("path", "")).startswith("results/world/qa/"):
@@ -131,4 +142,6 @@ METHOD = Method(
     rl_backends=("local", "verl"),
     baselines=True,
     row_columns=("supporting_ids",),
+    eval_metrics=eval_metrics,
+    eval_metric_columns=("distinct_per_search",),
 )
