@@ -531,7 +531,7 @@ def test_two_runs_of_one_sft_give_identical_weights(tiny, gold_parquet, tmp_path
 def test_bf16_sft_keeps_float32_weights_so_small_updates_land(tiny, gold_parquet, tmp_path, monkeypatch):
     # bf16 is the trainer's autocast, not the weights' dtype: in bf16 weights AdamW's update at
     # a paper learning rate (1e-5) is below half an ulp for most weights and rounds away (3 steps
-    # changed 3.5% of a layer). The trainer runs on CPU here, so its config is told so.
+    # left most of a layer unchanged). The trainer runs on CPU here, so its config is told so.
     import trl
 
     config = trl.SFTConfig

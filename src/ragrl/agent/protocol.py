@@ -238,6 +238,12 @@ def _invalid(error: str, overshoot: str) -> Action:
     return Action("invalid", error=error, overshoot=overshoot)
 
 
+def query_joiner(separator: str) -> str:
+    """How queries are written joined by `separator` ("q1 | q2", RAG-R1's "q1, q2"): the gold plans
+    and the refusal's hint both, so they split back as `split_queries` reads them."""
+    return f" {separator} " if separator == "|" else f"{separator} "
+
+
 def split_queries(content: str, separators: Sequence[str] = DEFAULT_QUERY_SEPARATORS) -> list[str]:
     """Split one <search> block's content on any of `separators` (empty pieces are kept, as '')."""
     pieces = [content]
@@ -331,8 +337,7 @@ def invalid_message(error: str | None, spec: ActionSpec = SEARCH_SPEC, reserved:
     hint = []
     if "search" in spec.actions:
         # The environment's own separator: under RAG-R1's commas a "q1 | q2" hint would teach one query.
-        sep = spec.separators[0] if spec.separators else "|"
-        hint.append(f"<search>q1{', ' if sep == ',' else f' {sep.strip() or sep} '}q2</search>" if spec.multi_query
+        hint.append(f"<search>q1{query_joiner(spec.separators[0])}q2</search>" if spec.multi_query
                     else "<search>query</search>")
     if "kg-query" in spec.actions:
         hint.append("<kg-query>query</kg-query>")

@@ -121,8 +121,9 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
     from ragrl.train.sft_data import gold_sft_stage
 
     # Parallel queries are written with the environment's own separator, so they split back as planned.
-    separator = getattr(env, "separators", ("|",))[0]
-    joiner = f" {separator} " if separator == "|" else f"{separator} "
+    from ragrl.agent.protocol import query_joiner
+
+    joiner = query_joiner(getattr(env, "separators", ("|",))[0])
     return gold_sft_stage(qa, policy, env, WorldPlanner(recipe.seed, joiner), out, rollout_cfg=recipe.rollout,
                           limit=limit)
 

@@ -97,8 +97,8 @@ def sft_config(args: SFTArgs, output_dir: str | Path):
 def _model_init_kwargs(args: SFTArgs) -> dict:
     # Trained weights in float32 whatever `bf16` says: bf16 is the trainer's autocast, as in the RL
     # trainer (docs/RL.md, "fp32 masters, bf16 compute"). Loaded in bf16, AdamW updated bf16 weights
-    # in place, and an update below half a bf16 ulp rounds away: 3 steps at lr 1e-5 changed 3.5% of
-    # a layer's weights against 100% in float32 (a full-weight cold start at the paper's lr, RAG-R1's).
+    # in place, and an update below half a bf16 ulp rounds away: at a paper's lr (1e-5, RAG-R1's
+    # full-weight cold start) most weights never change.
     # With LoRA the base is frozen and PEFT keeps the adapters in float32: the base stays bf16.
     kwargs = {"dtype": "bfloat16" if args.lora and _bf16(args.bf16) else "float32"}
     if args.padding_free:
