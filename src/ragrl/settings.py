@@ -222,6 +222,10 @@ class RLConfig:
     group_size: int = setting(4, ge=1, help="samples per prompt")
     clip_eps: float = setting(0.2, ge=0, help="PPO's clip of the probability ratio")
     clip_eps_high: float | None = setting(None, ge=0, help="DAPO clip-higher (larger than clip_eps); null: clip_eps")
+    # verl applies dual clip (3.0) unless told otherwise; Search-R1's fork and TRL have none.
+    clip_ratio_c: float | None = setting(None, gt=1, help="dual-clip PPO: where the advantage is negative the token "
+                                                          "loss is capped at -A * clip_ratio_c (verl's clip_ratio_c, "
+                                                          "3.0 there); null: no cap")
     kl_coef: float = setting(0.0, ge=0, help="KL weight; 0 skips the reference model entirely")
     # k1 only in the reward: as a loss its gradient is not the KL's.
     kl_estimator: str = setting("k3", choices=KL_ESTIMATORS,

@@ -367,6 +367,10 @@ def test_overrides_mapping_and_escape_hatch():
     assert kv["actor_rollout_ref.actor.loss_scale_factor"] == "400"  # the response budget
     assert kv["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == "2"
     assert kv["actor_rollout_ref.actor.use_kl_loss"] == "false"
+    # No dual clip in the recipe: a cap verl's clamped ratio (<= e^20) never reaches, not verl's 3.0.
+    assert float(kv["actor_rollout_ref.actor.clip_ratio_c"]) > 5e8
+    dual = parse_recipe(dict(RECIPE, rl={**RECIPE["rl"], "clip_ratio_c": 3.0}), "r")
+    assert "actor_rollout_ref.actor.clip_ratio_c=3.0" in build_overrides(dual, paths, n_prompts=8, max_prompt_length=100)
     assert kv["actor_rollout_ref.model.use_remove_padding"] == "true"  # RECIPE's rl.padding_free
     assert kv["trainer.nnodes"] == "4" and list(kv).count("trainer.nnodes") == 1
     assert kv["+trainer.extra"] == "'a b'"

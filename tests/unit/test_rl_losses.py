@@ -134,6 +134,34 @@ def test_clipped_tokens_get_no_gradient():
     assert logp.grad[0, 1].item() == pytest.approx(-1.0)
 
 
+def test_dual_clip_caps_negative_advantages_only():
+    # Hand-computed, clip 0.2, c 3: ratio e^1.5 = 4.48 with A = -1: PPO's loss is max(4.48, 1.2) = 4.48,
+    # dual clip caps it at 3 (and no gradient flows); A = +1 at the same ratio: -min(4.48, 1.2) = -1.2,
+    # untouched; ratio e^0.5 = 1.65 with A = -2: 3.30, under the cap 6, untouched.
+    logp = torch.tensor([[0.0, 0.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.5, -1.5, -0.5]])
+    adv = torch.tensor([[-1.0, 1.0, -2.0]])
+    loss, clipped = L.ppo_clip_per_token(logp, old, adv, 0.2, 0.2, clip_ratio_c=3.0)
+    assert loss[0].tolist() == pytest.approx([3.0, -1.2, 2 * math.exp(0.5)])
+    assert clipped[0].tolist() == [1.0, 1.0, 0.0]
+    loss.sum().backward()
+    assert logp.grad[0, 0].item() == 0.0 and logp.grad[0, 2].item() == pytest.approx(2 * math.exp(0.5))
+    plain, _ = L.ppo_clip_per_token(logp.detach(), old, adv, 0.2, 0.2)
+    assert plain[0, 0].item() == pytest.approx(math.exp(1.5))
+    # policy_loss passes it through
+    dual, _ = L.policy_loss(logp.detach(), old, adv, torch.ones(1, 3), clip_low=0.2, clip_high=0.2,
+                            loss_agg="token-mean", clip_ratio_c=3.0)
+    assert dual.item() == pytest.approx((3.0 - 1.2 + 2 * math.exp(0.5)) / 3)
+
+
+def test_dual_clip_must_exceed_one():
+    from ragrl.settings import RLConfig
+
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        RLConfig.from_dict({"clip_ratio_c": 1.0})
+    assert RLConfig.from_dict({"clip_ratio_c": 3.0}).clip_ratio_c == 3.0
+
+
 # --- aggregation -------------------------------------------------------------------------------
 
 # 100 marks values that sit under mask 0 and must not count.

@@ -133,17 +133,26 @@ def ppo_clip_per_token(
     advantages: torch.Tensor,
     clip_low: float,
     clip_high: float,
+    clip_ratio_c: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token clipped surrogate loss -min(r A, clip(r, 1-lo, 1+hi) A) and a 0/1 "was clipped" map.
 
     Separate low/high epsilons allow DAPO's clip-higher; equal values give the PPO paper's objective.
+    `clip_ratio_c` is dual-clip PPO (Ye et al. 2019, verl's clip_ratio_c): where A < 0 the loss is
+    capped at -A * c, so a token whose ratio has grown far past 1 + eps under a negative advantage
+    (the plain clip does not bound that side) cannot dominate the update. Its tokens count as clipped.
     """
     ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
-    was_clipped = (clipped < unclipped).float()
-    return loss, was_clipped
+    was_clipped = clipped < unclipped
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        capped = (advantages < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        was_clipped = was_clipped | capped
+    return loss, was_clipped.float()
 
 
 def default_denominator(mask: torch.Tensor, mode: LossAgg, max_response_len: int | None = None) -> float:
@@ -208,6 +217,7 @@ def policy_loss(
     clip_low: float,
     clip_high: float,
     loss_agg: LossAgg,
+    clip_ratio_c: float | None = None,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     max_response_len: int | None = None,
@@ -219,7 +229,7 @@ def policy_loss(
     style), so it needs no critic and is aggregated exactly like the policy term.
     Returns the scalar loss and detached per-batch statistics (token means over mask-1 tokens).
     """
-    pg, was_clipped = ppo_clip_per_token(logp, old_logp, advantages, clip_low, clip_high)
+    pg, was_clipped = ppo_clip_per_token(logp, old_logp, advantages, clip_low, clip_high, clip_ratio_c)
     per_token = pg
     stats: dict[str, torch.Tensor] = {}
     if ref_logp is not None and kl_coef != 0.0:

@@ -969,6 +969,7 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
                         clip_low=cfg.clip_eps,
                         clip_high=cfg.clip_high,
                         loss_agg=cfg.loss_agg,
+                        clip_ratio_c=cfg.clip_ratio_c,
                         ref_logp=ref_logp[rows].to(device) if ref_logp is not None else None,
                         kl_coef=kl_coef,
                         max_response_len=cfg.max_response_len,

@@ -15,6 +15,8 @@ cannot honour are refused with the reason instead of being dropped silently:
     micro_batch_size         actor.ppo_micro_batch_size_per_gpu (+ the log-prob passes); None:
                              verl's dynamic batch size (tokens per GPU)
     clip_eps, clip_eps_high  actor.clip_ratio_low, actor.clip_ratio_high
+    clip_ratio_c             actor.clip_ratio_c; None (no dual clip): NO_DUAL_CLIP, as verl cannot
+                             switch it off and applies 3.0 by default
     kl_coef (> 0)            actor.use_kl_loss=true, kl_loss_coef, kl_loss_type=k3 (verl's k3 is
                              ours clamped to [-10, 10]); 0: no KL and no reference model
     loss_agg                 token-mean -> token-mean; grpo -> seq-mean-token-mean;
@@ -52,6 +54,9 @@ from typing import Any
 from ragrl.errors import InputError
 
 AGENT_NAME = "ragrl_agent"
+# verl clamps the log-ratio to +-20 before its dual clip, so no ratio reaches e^20 ~ 4.9e8: a cap
+# above that never binds, which is how a recipe without dual clip (Search-R1's fork, TRL) runs on it.
+NO_DUAL_CLIP = 1e9
 LOSS_AGG = {"token-mean": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
 
@@ -152,6 +157,7 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
         f"{actor}.ppo_epochs": cfg.ppo_epochs,
         f"{actor}.clip_ratio_low": cfg.clip_eps,
         f"{actor}.clip_ratio_high": cfg.clip_high,
+        f"{actor}.clip_ratio_c": NO_DUAL_CLIP if cfg.clip_ratio_c is None else cfg.clip_ratio_c,
         f"{actor}.loss_agg_mode": LOSS_AGG[cfg.loss_agg],
         f"{actor}.entropy_coeff": 0,
         f"{actor}.use_kl_loss": cfg.kl_coef > 0,
