@@ -29,6 +29,7 @@ from ragrl.agent.environments import MultiQuerySearchEnvironment, RetrievalResul
 from ragrl.agent.generation import GenerationBackendError, HFGenerator, OpenAICompletionsGenerator
 from ragrl.agent.protocol import OBS_PREFIX, OBS_SUFFIX, TURN_LIMIT_NOTICE, forced_answer_prompt, recorded_turns
 from ragrl.agent.rollout import RolloutConfig, RolloutEngine
+from ragrl.errors import InputError
 from ragrl.rewards import composite_reward, exact_match, extract_answer, format_reward, turns_format_reward
 from ragrl.toy.tiny_model import CHAT_TEMPLATE
 
@@ -335,6 +336,55 @@ def test_multi_query_search_batches_all_queries_in_one_call(tiny):
         assert "Note: at most 2 queries per turn; not searched: " in t.response_text
         assert turns_format_reward(recorded_turns(t), "search") == 1.0 == format_reward(t.response_text, "search")
     assert "up to 2 queries" in tiny.tok.decode(engine.prompt_ids("q?"))
+
+
+def test_rag_r1_cuts_each_querys_documents_not_the_whole_observation(tiny):
+    # RAG-R1 (generation_mq.py `_process_documents`) cuts each query's documents string to
+    # max_obs_length tokens and leaves the JSON whole: three queries whose documents each overflow
+    # the budget all keep their first passage, where one cut of the whole would lose the later ones.
+    rows = tiny.rows[:3]
+    queries = [f"{_hops(r)[0][0]} born" for r in rows]
+
+    def script(context):
+        if "</information>" in _response(context):
+            return "<think>ok</think><answer>done</answer>"
+        return "<think>split</think><search>" + ", ".join(queries) + "</search>"
+
+    def run(query_obs_tokens, max_obs_tokens):
+        env = MultiQuerySearchEnvironment(FakeRetriever(tiny.world.passages), topk=3, max_queries=3,
+                                          query_format="rag_r1", query_obs_tokens=query_obs_tokens)
+        engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), env, max_turns=3, max_obs_tokens=max_obs_tokens)
+        (t,) = engine.run_questions([rows[0]["question"]])
+        check_mask_against_info_spans(t, tiny.tok)
+        return env, t
+
+    env, whole = run(None, 4000)
+    full = json.loads(whole.actions[0]["observation"])["documents"]
+    first_doc = [d.split("\nDoc 2: ")[0] for d in full]
+    budget = max(len(tiny.tok.encode(d, add_special_tokens=False)) for d in first_doc) + 2
+    assert all(len(tiny.tok.encode(d, add_special_tokens=False)) > budget for d in full)  # each query overflows
+    assert len(whole.actions[0]["retrieved"]) == 9
+
+    env, per_query = run(budget, 4000)
+    docs = json.loads(per_query.actions[0]["observation"])["documents"]
+    assert len(docs) == 3
+    for kept, doc, one in zip(docs, full, first_doc):
+        assert doc.startswith(kept) or len(tiny.tok.encode(kept, add_special_tokens=False)) <= budget
+        assert kept.startswith(one) and kept != doc  # each keeps its first passage, and is cut
+    # The turn record credits the passages whose title line was shown: the first of each query, and
+    # a second only where its header fit the budget.
+    shown = per_query.actions[0]["retrieved"]
+    hits = FakeRetriever(tiny.world.passages).search(queries, 3)
+    assert {h[0]["id"] for h in hits} <= set(shown) and not {h[2]["id"] for h in hits} & set(shown)
+    # A whole-observation cut of the same size loses the later queries' passages altogether.
+    _, cut_whole = run(None, budget + 40)
+    assert len(cut_whole.actions[0]["retrieved"]) < 3
+
+    with pytest.raises(InputError, match="tokenizer"):
+        MultiQuerySearchEnvironment(FakeRetriever(tiny.world.passages), query_format="rag_r1",
+                                    query_obs_tokens=10).respond([env.parse("<search>a, b</search>")])
+    with pytest.raises(InputError, match="json"):
+        MultiQuerySearchEnvironment(FakeRetriever(tiny.world.passages), query_obs_tokens=10)
 
 
 def test_retrieval_failure_stops_the_rollout(tiny):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ragrl.agent.protocol import (
     Action,
@@ -29,6 +29,9 @@ from ragrl.agent.protocol import (
     format_rag_r1_json,
     invalid_message,
     parse_action,
+    rag_r1_documents,
+    rag_r1_header_ends,
+    rag_r1_json,
     sanitize,
 )
 from ragrl.errors import InputError
@@ -100,20 +103,24 @@ class SearchEnvironment:
         cursor = 0
         for action in actions:
             hits = results[cursor : cursor + len(action.queries)] if action.kind == "search" else []
-            self.last_hits.append([(str(h.get("id", "")), str(h.get("title") or ""), rank) for per_query in hits
-                                   for rank, h in enumerate(per_query, 1)])
+            shown = hits
             if action.kind == "answer":
                 out.append(None)
             elif action.kind == "search":
                 cursor += len(action.queries)
-                out.append(self._render(action, hits, reserved))
-            else:
+                text, shown = self._render(action, hits, reserved)
+                out.append(text)
+            self.last_hits.append([(str(h.get("id", "")), str(h.get("title") or ""), rank) for per_query in shown
+                                   for rank, h in enumerate(per_query, 1)])
+            if action.kind not in ("answer", "search"):
                 out.append(invalid_message(action.error if action.kind == "invalid" else
                                            f"<{action.kind}> is not available here.", self.spec, reserved))
         return out
 
-    def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
-        return format_docs(hits[0], reserved)
+    def _render(self, action: Action, hits: list[list[dict]],
+                reserved: tuple[str, ...]) -> tuple[str, list[list[dict]]]:
+        """The observation text of a search, and the hits it shows (per query, in rank order)."""
+        return format_docs(hits[0], reserved), hits
 
     def _search(self, queries: list[str], sample_ids: list[str | None] | None = None) -> list[list[dict]]:
         start = time.monotonic()
@@ -181,25 +188,58 @@ class MultiQuerySearchEnvironment(SearchEnvironment):
 
     def __init__(self, retriever: Retriever, topk: int = 3, max_queries: int = 3,
                  separators: Sequence[str] | None = None, *, query_format: str | MultiQueryFormat = "ragrl",
-                 observation: str | None = None) -> None:
+                 observation: str | None = None, query_obs_tokens: int | None = None) -> None:
         self.max_queries = max_queries
         self.format = (query_format if isinstance(query_format, MultiQueryFormat)
                        else multi_query_format(query_format, separators, observation))
         self.separators = self.format.separators
         # Read by RolloutEngine.prompt_ids when no instruction is configured.
         self.instruction = self.format.instruction
+        if query_obs_tokens is not None and (query_obs_tokens < 1 or self.format.observation != "json"):
+            raise InputError(f"query_obs_tokens={query_obs_tokens}: a positive token budget, for the 'json' "
+                             f"observation layout only (this one is {self.format.observation!r})")
+        self.query_obs_tokens = query_obs_tokens
+        self._tokenizer: Any = None
         super().__init__(retriever, topk)
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """The policy's tokenizer, for `query_obs_tokens` (RolloutEngine hands over its own)."""
+        self._tokenizer = tokenizer
 
     def _make_spec(self) -> ActionSpec:
         return ActionSpec(actions=("search", "answer"), multi_query=True, max_queries=self.max_queries,
                           separators=self.separators)
 
-    def _render(self, action: Action, hits: list[list[dict]], reserved: tuple[str, ...]) -> str:
-        render = format_rag_r1_json if self.format.observation == "json" else format_multi_docs
+    def _render(self, action: Action, hits: list[list[dict]],
+                reserved: tuple[str, ...]) -> tuple[str, list[list[dict]]]:
         # The note goes first: a long observation is truncated from the end. The dropped queries are
         # the model's text, defused like the kept ones ("<|im_end|>" survives a "," separator).
-        dropped = [sanitize(q, reserved) for q in action.dropped]
-        return dropped_note(dropped, self.max_queries) + render(action.queries, hits, reserved)
+        note = dropped_note([sanitize(q, reserved) for q in action.dropped], self.max_queries)
+        if self.format.observation != "json":
+            return note + format_multi_docs(action.queries, hits, reserved), hits
+        if self.query_obs_tokens is None:
+            return note + format_rag_r1_json(action.queries, hits, reserved), hits
+        # RAG-R1 cuts each query's documents to max_obs_length tokens and never the whole JSON
+        # (generation_mq.py `_process_documents`): a third query keeps its passages however long
+        # the first two's are. A passage cut before the end of its title line was not shown.
+        documents, shown = [], []
+        for per_query in hits:
+            full = rag_r1_documents(per_query, reserved)
+            kept = self._cut_tokens(full, self.query_obs_tokens)
+            documents.append(kept)
+            shown.append([h for h, end in zip(per_query, rag_r1_header_ends(per_query, reserved), strict=True)
+                          if kept == full or self._tokens(full[:end]) <= self.query_obs_tokens])
+        return note + rag_r1_json(action.queries, documents, reserved), shown
+
+    def _tokens(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _cut_tokens(self, text: str, budget: int) -> str:
+        if self._tokenizer is None:
+            raise InputError("query_obs_tokens needs the policy's tokenizer: build a RolloutEngine over this "
+                             "environment (it hands over its own) before it answers")
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return text if len(ids) <= budget else self._tokenizer.decode(ids[:budget], skip_special_tokens=True)
 
 
 class ClosedBookEnvironment:

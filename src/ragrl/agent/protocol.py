@@ -305,16 +305,33 @@ def format_multi_docs(queries: Sequence[str], hits: Sequence[Sequence[dict]], re
 def format_rag_r1_json(queries: Sequence[str], hits: Sequence[Sequence[dict]], reserved: Iterable[str] = ()) -> str:
     """RAG-R1's multi-query observation (`rag_r1/llm_agent/generation_mq.py`, `_passages2string`):
     `json.dumps({"query": [...], "documents": ["Doc 1: {title}\\n{text}\\nDoc 2: ...", ...]}, indent=2)`,
-    one documents string per query. RAG-R1 truncates each string to its observation token budget;
-    here the whole observation is truncated by the rollout engine instead."""
+    one documents string per query, uncut (the environment may cut each, as RAG-R1 does, and
+    write them with `rag_r1_json`; else the rollout engine cuts the whole observation)."""
     reserved = tuple(reserved)
-    documents = []
-    for per_query in hits:
-        lines = [f"Doc {i}: {_contents(hit, reserved)}" for i, hit in enumerate(per_query, 1)]
-        documents.append("\n".join(lines).strip())
+    return rag_r1_json(queries, [rag_r1_documents(per_query, reserved) for per_query in hits], reserved)
+
+
+def rag_r1_json(queries: Sequence[str], documents: Sequence[str], reserved: Iterable[str] = ()) -> str:
     if len(documents) != len(queries):
         raise ValueError(f"{len(documents)} result lists for {len(queries)} queries")
-    return json.dumps({"query": [sanitize(q, reserved) for q in queries], "documents": documents}, indent=2)
+    reserved = tuple(reserved)
+    return json.dumps({"query": [sanitize(q, reserved) for q in queries], "documents": list(documents)}, indent=2)
+
+
+def rag_r1_documents(hits: Sequence[dict], reserved: tuple[str, ...] = ()) -> str:
+    """One query's documents string of RAG-R1's JSON observation: "Doc 1: {title}\\n{text}\\nDoc 2: ..."."""
+    return "\n".join(f"Doc {i}: {_contents(hit, reserved)}" for i, hit in enumerate(hits, 1)).strip()
+
+
+def rag_r1_header_ends(hits: Sequence[dict], reserved: tuple[str, ...] = ()) -> list[int]:
+    """Where each hit's "Doc i: {title}" header ends in `rag_r1_documents(hits)` (character
+    offsets): a cut of that string before one of them left the passage unshown."""
+    ends, pos = [], 0
+    for i, hit in enumerate(hits, 1):
+        line = f"Doc {i}: {_contents(hit, reserved)}"
+        ends.append(pos + len(line.split("\n", 1)[0]))
+        pos += len(line) + 1
+    return ends
 
 
 def _contents(hit: dict, reserved: tuple[str, ...]) -> str:

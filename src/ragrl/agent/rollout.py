@@ -91,6 +91,11 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.env = env
         self.config = config
+        # An environment that cuts parts of an observation itself (RAG-R1 cuts each query's
+        # documents) counts them in the policy's tokens.
+        use_tokenizer = getattr(env, "use_tokenizer", None)
+        if callable(use_tokenizer):
+            use_tokenizer(tokenizer)
         self.stop_token_ids, self.stop_strings = _stops(tokenizer)
         # Chat tokens and the like must not appear verbatim in observations (see protocol.sanitize).
         self.reserved = tuple(getattr(tokenizer, "all_special_tokens", ()) or ())

@@ -21,20 +21,30 @@ class MultiQueryOptions:
     # How queries are separated and observations laid out: "ragrl" (`q1 | q2`, documents grouped
     # per query) or "rag_r1" (RAG-R1's own: `q1, q2`, JSON with `query` and `documents`, its prompt).
     query_format: str = "ragrl"
+    # RAG-R1 cuts each query's documents to max_obs_length tokens and leaves the JSON as a whole
+    # uncut; null: the rollout's max_obs_tokens cuts the whole observation. JSON layout only.
+    query_obs_tokens: int | None = None
 
     def __post_init__(self) -> None:
         from ragrl.agent.environments import MULTI_QUERY_FORMATS
 
         if self.query_format not in MULTI_QUERY_FORMATS:
             raise InputError(f"query_format {self.query_format!r} is not one of {sorted(MULTI_QUERY_FORMATS)}")
+        if self.query_obs_tokens is not None:
+            if isinstance(self.query_obs_tokens, bool) or not isinstance(self.query_obs_tokens, int) \
+                    or self.query_obs_tokens < 1:
+                raise InputError(f"query_obs_tokens must be a positive integer, got {self.query_obs_tokens!r}")
+            if MULTI_QUERY_FORMATS[self.query_format].observation != "json":
+                raise InputError(f"query_obs_tokens cuts the documents of RAG-R1's JSON observation: it needs "
+                                 f"query_format 'rag_r1', not {self.query_format!r}")
 
 
 def make_environment(recipe, backends: Mapping[str, Any]):
     from ragrl.agent.environments import MultiQuerySearchEnvironment
 
-    fmt = recipe.options.query_format if recipe.options is not None else "ragrl"
+    options = recipe.options if recipe.options is not None else MultiQueryOptions()
     return MultiQuerySearchEnvironment(search.retriever_of(backends), recipe.topk, recipe.max_queries,
-                                       query_format=fmt)
+                                       query_format=options.query_format, query_obs_tokens=options.query_obs_tokens)
 
 
 METHOD = Method(
