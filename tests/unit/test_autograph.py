@@ -266,6 +266,9 @@ def test_repetition_penalty_and_filter():
     assert penalised(0.0, 0.5) == -0.5
     assert penalised(1.0, 0.9) == pytest.approx(0.1)  # at the limit: still penalised, not zeroed
     assert penalised(1.0, 0.95) == 0.0
+    # The weight: AutoGraph-R1's main scripts run without the penalty (triple_repetition_penalty 0).
+    assert penalised(0.5, 0.25, weight=0.0) == 0.5 and penalised(0.5, 0.25, weight=2.0) == 0.0
+    assert penalised(1.0, 0.95, weight=0.0) == 0.0  # the limit still zeroes
 
 
 @pytest.mark.parametrize("triples,answers,expected", [

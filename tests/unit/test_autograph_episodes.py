@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import transformers
 
+from ragrl.errors import InputError
 from ragrl.kg.constructor import (
     ChatFrame,
     ConstructorRollout,
@@ -185,9 +186,27 @@ def test_episode_rewards_on_a_hand_made_episode():
     # Repeating the employer triple twice more: 2 of 5 repeat -> 1 - 0.4.
     rep = good[:1] * 3 + good[1:]
     assert carrier_scores([ep], [(0, rep, True)], ConnectivityJudge())[0].reward == pytest.approx(0.6)
+    assert carrier_scores([ep], [(0, rep, True)], ConnectivityJudge(), penalty=0.0)[0].reward == 1.0
+    assert index_score(ep, rep, True, _bag_of_words, k=1, penalty=0.5).reward == pytest.approx(0.8)
     spam = [parse_triples(triples_json([Triple("Ann Vole", "employer", "Brindle Co")] * 11))]
     assert carrier_scores([Episode("q", ep.question, ep.golden_answers, ("p1",), docs[:1])], [(0, spam, True)],
                           ConnectivityJudge())[0].reward == 0.0  # 10 of 11 repeat: > 0.9
+
+
+def test_the_methods_score_applies_its_repetition_penalty():
+    from ragrl.methods.graph_constructor import ConstructorEnvironment, GraphConstructorOptions
+
+    docs = (Document("p1", "Ann Vole", "x"),)
+    ep = Episode("q1", "Which company employs Ann Vole?", ("Brindle Co",), ("p1",), docs)
+    one = parse_triples('[{"subject": "Ann Vole", "relation": "employer", "object": "Brindle Co"}]')
+    # One document's turn with the triple three times: 2 of 3 repeat.
+    trajectory = SimpleNamespace(turns=[parse_triples(triples_json(list(one.triples) * 3))], complete=True)
+    scores = [ConstructorEnvironment(GraphConstructorOptions(reward="carrier", **kw)).score(ep, trajectory).reward
+              for kw in ({}, {"repetition_penalty": 0.0}, {"repetition_penalty": 0.5})]
+    assert scores == pytest.approx([1 - 2 / 3, 1.0, 1 - 1 / 3])
+    for bad in (-0.1, True, "1"):
+        with pytest.raises(InputError, match="repetition_penalty"):
+            GraphConstructorOptions(repetition_penalty=bad)
 
 
 def test_method_is_registered_with_checked_options():

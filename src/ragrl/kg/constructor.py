@@ -212,9 +212,10 @@ def graph_docs(episode: Episode, turns: Sequence[ParsedTurn]) -> list[tuple[str,
     return [(doc.id, list(turn.triples)) for doc, turn in zip(episode.documents, turns)]
 
 
-def _finish(task: float, triples: list[Triple], complete: bool, limit: float, reason: str | None) -> GraphScore:
+def _finish(task: float, triples: list[Triple], complete: bool, limit: float, reason: str | None,
+            penalty: float = 1.0) -> GraphScore:
     rep = repetition_share(triples)
-    reward = penalised(task, rep, limit) if complete else 0.0
+    reward = penalised(task, rep, limit, penalty) if complete else 0.0
     return GraphScore(reward, {"task": task if complete else 0.0, "repetition": rep, "valid": float(complete),
                                "triples": float(len(triples))}, reason if complete else "invalid or unfinished episode")
 
@@ -227,15 +228,16 @@ def episode_ranking(episode: Episode, turns: Sequence[ParsedTurn], embed: Embedd
 
 def index_score(episode: Episode, turns: Sequence[ParsedTurn], complete: bool, embed: Embedder, *,
                 k: int = RECALL_K, top_triples: int = TOP_TRIPLES, limit: float = REPETITION_LIMIT,
-                ranking: PassageRanking | None = None) -> GraphScore:
-    """R_I: recall of the supporting passages in the PPR retriever's top k, minus repetition.
-    `ranking`: the episode's `episode_ranking`, when the caller has it already."""
+                ranking: PassageRanking | None = None, penalty: float = 1.0) -> GraphScore:
+    """R_I: recall of the supporting passages in the PPR retriever's top k, minus `penalty` x the
+    repetition share. `ranking`: the episode's `episode_ranking`, when the caller has it already."""
     triples = [t for turn in turns for t in turn.triples]
     if not complete:
-        return _finish(0.0, triples, False, limit, None)
+        return _finish(0.0, triples, False, limit, None, penalty)
     if ranking is None:
         ranking = episode_ranking(episode, turns, embed, top_triples)
-    return _finish(recall_at_k(ranking.passage_ids, episode.supporting_ids, k), triples, True, limit, ranking.reason)
+    return _finish(recall_at_k(ranking.passage_ids, episode.supporting_ids, k), triples, True, limit, ranking.reason,
+                   penalty)
 
 
 def carrier_items(episode: Episode, turns: Sequence[ParsedTurn], embed: Embedder | None = None,
@@ -248,7 +250,7 @@ def carrier_items(episode: Episode, turns: Sequence[ParsedTurn], embed: Embedder
 
 def carrier_scores(episodes: Sequence[Episode], trajectories: Sequence[tuple[int, Sequence[ParsedTurn], bool]],
                    judge: Judge, embed: Embedder | None = None, *, hops: int = SUBGRAPH_HOPS,
-                   limit: float = REPETITION_LIMIT) -> list[GraphScore]:
+                   limit: float = REPETITION_LIMIT, penalty: float = 1.0) -> list[GraphScore]:
     """R_C for a batch: (episode index, turns, complete) per trajectory; one judge call for all
     complete ones."""
     pending = [(i, carrier_items(episodes[e], turns, embed, hops)) for i, (e, turns, ok) in enumerate(trajectories)
@@ -257,7 +259,7 @@ def carrier_scores(episodes: Sequence[Episode], trajectories: Sequence[tuple[int
     out = []
     for i, (_, turns, ok) in enumerate(trajectories):
         triples = [t for turn in turns for t in turn.triples]
-        out.append(_finish(float(verdicts.get(i, False)), triples, ok, limit, None))
+        out.append(_finish(float(verdicts.get(i, False)), triples, ok, limit, None, penalty))
     return out
 
 

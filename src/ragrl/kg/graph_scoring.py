@@ -26,9 +26,9 @@ def recall_at_k(ranked: Sequence[str], gold: Iterable[str], k: int = RECALL_K) -
     return len(gold_set & set(ranked[:k])) / len(gold_set)
 
 
-def penalised(reward: float, repetition: float, limit: float = REPETITION_LIMIT) -> float:
-    """The task reward minus the repetition share; 0 when the share exceeds `limit`."""
-    return 0.0 if repetition > limit else reward - repetition
+def penalised(reward: float, repetition: float, limit: float = REPETITION_LIMIT, weight: float = 1.0) -> float:
+    """The task reward minus `weight` x the repetition share; 0 when the share exceeds `limit`."""
+    return 0.0 if repetition > limit else reward - weight * repetition
 
 
 @dataclass(frozen=True)

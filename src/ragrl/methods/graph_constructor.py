@@ -9,7 +9,7 @@ constructor's turns. Rewards (`options.reward`):
 - "carrier" (R_C): the judge (`options.judge`: "connectivity", deterministic, or "openai", an
   OpenAI-compatible endpoint) says whether the gold answer follows from the subgraph retriever's
   triples; documents are the supporting passages only.
-Both minus the share of repeated triples, 0 above `repetition_limit`.
+Both minus `repetition_penalty` x the share of repeated triples, 0 above `repetition_limit`.
 Cold-start SFT ("gold"): each passage's true triples from a world KG (`options.gold_triples`, a
 `head, relation, tail, source_id` parquet).
 
@@ -45,6 +45,9 @@ class GraphConstructorOptions:
     top_triples: int = 10
     hops: int = 3
     repetition_limit: float = 0.9
+    # The weight of the repetition share subtracted from the task reward; 0: no penalty
+    # (AutoGraph-R1's main scripts: triple_repetition_penalty=0.0).
+    repetition_penalty: float = 1.0
     judge: str = "connectivity"
     # judge "openai": {model, base_url?, serve?, api_key_env?} (ragrl.serving): an external
     # endpoint, or a vLLM server the RL and evaluation jobs start for it (AutoGraph-R1's judge).
@@ -85,6 +88,9 @@ class GraphConstructorOptions:
             raise InputError(f"sft_unit must be 'episode' or 'document', got {self.sft_unit!r}")
         if not 0.0 <= self.repetition_limit <= 1.0:
             raise InputError(f"repetition_limit={self.repetition_limit} must be in [0, 1]")
+        if isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float)) \
+                or not self.repetition_penalty >= 0.0:
+            raise InputError(f"repetition_penalty={self.repetition_penalty!r} must be a number >= 0")
 
 
 class ConstructorEnvironment:
@@ -126,13 +132,14 @@ class ConstructorEnvironment:
         o = self.options
         if o.reward == "index":
             s = index_score(episode, trajectory.turns, trajectory.complete, embedder(o),
-                            k=o.recall_k, top_triples=o.top_triples, limit=o.repetition_limit, ranking=ranking)
+                            k=o.recall_k, top_triples=o.top_triples, limit=o.repetition_limit, ranking=ranking,
+                            penalty=o.repetition_penalty)
         else:
             judge = _judge(o)
             tally = getattr(judge, "replies", None)  # an LLM judge's: its off-format replies go into the log
             before = tally.offformat if tally is not None else 0
             s = carrier_scores([episode], [(0, trajectory.turns, trajectory.complete)], judge, None, hops=o.hops,
-                               limit=o.repetition_limit)[0]
+                               limit=o.repetition_limit, penalty=o.repetition_penalty)[0]
             if tally is not None:
                 return Score(s.reward, None, {**s.components, "judge_offformat": float(tally.offformat - before)})
         return Score(s.reward, None, s.components)
