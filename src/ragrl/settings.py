@@ -237,6 +237,9 @@ class RLConfig:
     max_response_len: int | None = setting(None, ge=1, help="dr_grpo's constant normaliser (the generation limit)")
     lr: float = setting(1e-6, gt=0, help="learning rate")
     warmup_steps: int = setting(0, ge=0, help="linear LR warm-up, in RL steps")
+    lr_scheduler: str = setting("constant", choices=("constant", "cosine"),
+                                help="the LR after the warm-up: constant, or a cosine to 0 at the last step (TRL's "
+                                     "and verl's cosine)")
     weight_decay: float = setting(0.0, ge=0, help="AdamW weight decay")
     steps: int = setting(100, ge=1, help="RL steps")
     batch_prompts: int = setting(8, ge=1, help="prompts per step over all processes")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 # Before transformers is imported: nothing here may touch the hub.
@@ -195,6 +196,34 @@ def test_tied_group_share_is_logged_and_the_filter_skips_all_tied_steps(toy, tmp
         assert [r["tied_group_share"] for r in log] == [1.0, 1.0]
         # Filtered: no update at all (no gradient norm); unfiltered: an update with zero advantages.
         assert all((r["grad_norm"] is None) == flag for r in log)
+
+
+def test_cosine_lr_schedule_is_transformers_after_the_warm_up(toy, tmp_path):
+    # KnowRL's TRL run: cosine after a warm-up. Each logged step's LR against transformers' own
+    # schedule (ours warms up to 1 at step warmup - 1, theirs at step warmup: their first LR is 0).
+    from transformers import get_cosine_schedule_with_warmup
+
+    model_dir, prompts, target = toy
+    cfg = RLConfig(steps=6, batch_prompts=2, group_size=2, lr=1e-3, warmup_steps=2, lr_scheduler="cosine",
+                   seed=0, checkpoint_every=100)
+    train_rl(model_dir, None, prompts, rl_toy.make_rollout(target, max_new_tokens=2), cfg, tmp_path)
+    lrs = [r["lr"] for r in _log(tmp_path)]
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
+    theirs = get_cosine_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=6)
+    want = []
+    for _ in range(6):
+        want.append(opt.param_groups[0]["lr"])
+        opt.step()
+        theirs.step()
+    assert lrs[:2] == pytest.approx([5e-4, 1e-3]) and want[:2] == pytest.approx([0.0, 5e-4])
+    assert lrs[2:] == pytest.approx(want[2:])
+    assert lrs[2] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(0.75 * math.pi)))
+    # constant (the default) stays at lr after the warm-up
+    const = tmp_path / "constant"
+    train_rl(model_dir, None, prompts, rl_toy.make_rollout(target, max_new_tokens=2),
+             RLConfig(steps=3, batch_prompts=2, group_size=2, lr=1e-3, warmup_steps=2, seed=0, checkpoint_every=100),
+             const)
+    assert [r["lr"] for r in _log(const)] == pytest.approx([5e-4, 1e-3, 1e-3])
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "grpo", "dr_grpo"])

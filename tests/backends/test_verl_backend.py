@@ -371,6 +371,10 @@ def test_overrides_mapping_and_escape_hatch():
     assert float(kv["actor_rollout_ref.actor.clip_ratio_c"]) > 5e8
     dual = parse_recipe(dict(RECIPE, rl={**RECIPE["rl"], "clip_ratio_c": 3.0}), "r")
     assert "actor_rollout_ref.actor.clip_ratio_c=3.0" in build_overrides(dual, paths, n_prompts=8, max_prompt_length=100)
+    assert kv["actor_rollout_ref.actor.optim.lr_scheduler_type"] == "constant"
+    cosine = parse_recipe(dict(RECIPE, rl={**RECIPE["rl"], "lr_scheduler": "cosine"}), "r")
+    assert "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine" in build_overrides(cosine, paths, n_prompts=8,
+                                                                                       max_prompt_length=100)
     assert kv["actor_rollout_ref.model.use_remove_padding"] == "true"  # RECIPE's rl.padding_free
     assert kv["trainer.nnodes"] == "4" and list(kv).count("trainer.nnodes") == 1
     assert kv["+trainer.extra"] == "'a b'"

@@ -709,7 +709,7 @@ def train_rl(
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     # Not passed to prepare(): accelerate would step it once per process per call, and DeepSpeed
     # once per optimizer step; we step it once per RL step.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(cfg.warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg.warmup_steps, cfg.steps, cfg.lr_scheduler))
     _configure_deepspeed(accelerator, cfg, micro_size, n_micro)
     critic = None  # algorithm ppo: (model, optimizer, scheduler) of the value model
     if cfg.algorithm == "ppo":
@@ -777,6 +777,22 @@ def train_rl(
 
 def _warmup(steps: int):
     return lambda s: min(1.0, (s + 1) / steps) if steps else 1.0
+
+
+def lr_factor(warmup: int, total: int, schedule: str = "constant") -> Callable[[int], float]:
+    """The LR multiplier of RL step s (0-based): a linear warm-up to 1 at step `warmup` - 1, then 1
+    (constant) or transformers' / verl's cosine, 0.5 (1 + cos(pi (s - warmup) / (total - warmup)))."""
+    warm = _warmup(warmup)
+    if schedule == "constant":
+        return warm
+
+    def factor(s: int) -> float:
+        if s < warmup:
+            return warm(s)
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
 
 
 def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_fn, cfg: RLConfig, step: int,

@@ -23,6 +23,7 @@ cannot honour are refused with the reason instead of being dropped silently:
                              dr_grpo -> seq-mean-token-sum-norm (loss_scale_factor=max_response_len)
     scale_rewards            algorithm.norm_adv_by_std_in_grpo
     lr, warmup_steps, weight_decay, max_grad_norm   actor.optim.{lr, lr_warmup_steps, weight_decay, clip_grad}
+    lr_scheduler             actor.optim.lr_scheduler_type (constant | cosine)
     steps                    trainer.total_training_steps (and enough epochs to reach it)
     checkpoint_every, keep_checkpoints   trainer.save_freq, trainer.max_actor_ckpt_to_keep
     seed                     data.seed
@@ -152,6 +153,7 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
         f"{actor}.optim.lr": cfg.lr,
         f"{actor}.optim.lr_warmup_steps": cfg.warmup_steps if cfg.warmup_steps else -1,
         f"{actor}.optim.weight_decay": cfg.weight_decay,
+        f"{actor}.optim.lr_scheduler_type": cfg.lr_scheduler,
         f"{actor}.optim.clip_grad": cfg.max_grad_norm,
         f"{actor}.ppo_mini_batch_size": cfg.batch_prompts // cfg.num_mini_batches,
         f"{actor}.ppo_epochs": cfg.ppo_epochs,
