@@ -227,6 +227,8 @@ class RLConfig:
                                                           "loss is capped at -A * clip_ratio_c (verl's clip_ratio_c, "
                                                           "3.0 there); null: no cap")
     kl_coef: float = setting(0.0, ge=0, help="KL weight; 0 skips the reference model entirely")
+    entropy_coeff: float = setting(0.0, ge=0, help="entropy bonus: the loss minus entropy_coeff x the per-token "
+                                                   "entropy, aggregated as the loss (verl's entropy_coeff)")
     # k1 only in the reward: as a loss its gradient is not the KL's.
     kl_estimator: str = setting("k3", choices=KL_ESTIMATORS,
                                 help="k3: a KL loss term; k1 (verl's kl_penalty kl) only with use_kl_in_reward")

@@ -198,6 +198,36 @@ def test_tied_group_share_is_logged_and_the_filter_skips_all_tied_steps(toy, tmp
         assert all((r["grad_norm"] is None) == flag for r in log)
 
 
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_entropy_bonus_raises_the_policys_entropy(toy, tmp_path, padding_free):
+    # Every group ties (zero advantages): the policy-gradient term is 0, so the update is the bonus
+    # alone, and it must raise the entropy of the next-token distribution after the prompts;
+    # without the bonus the same update leaves the weights as they were.
+    import dataclasses
+
+    model_dir, prompts, target = toy
+    inner = rl_toy.make_rollout(target, max_new_tokens=4)
+
+    def constant(batch, n, model, step):
+        return [dataclasses.replace(s, reward=1.0) for s in inner(batch, n, model, step)]
+
+    def entropy(model_path) -> float:
+        probs = rl_toy.initial_token_probs(model_path, prompts)
+        return float(-(probs * probs.log()).sum())
+
+    start = entropy(model_dir)
+    for coeff in (0.0, 1.0):
+        out = tmp_path / str(coeff)
+        cfg = RLConfig(steps=4, batch_prompts=2, group_size=2, lr=1e-3, seed=0, checkpoint_every=100,
+                       entropy_coeff=coeff, padding_free=padding_free)
+        final = train_rl(model_dir, None, prompts, constant, cfg, out)
+        if coeff == 0.0:
+            before, after = load_file(model_dir / "model.safetensors"), load_file(final / "model.safetensors")
+            assert all(torch.equal(before[k], after[k]) for k in before)
+        else:
+            assert entropy(final) > start + 1e-3
+
+
 def test_cosine_lr_schedule_is_transformers_after_the_warm_up(toy, tmp_path):
     # KnowRL's TRL run: cosine after a warm-up. Each logged step's LR against transformers' own
     # schedule (ours warms up to 1 at step warmup - 1, theirs at step warmup: their first LR is 0).

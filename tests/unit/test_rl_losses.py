@@ -154,6 +154,36 @@ def test_dual_clip_caps_negative_advantages_only():
     assert dual.item() == pytest.approx((3.0 - 1.2 + 2 * math.exp(0.5)) / 3)
 
 
+def test_entropy_bonus_is_subtracted_and_aggregated_as_the_loss():
+    ent = torch.tensor([[2.0, 1.0, 0.5]])
+    adv = torch.zeros(1, 3)  # no policy-gradient term: the loss is the bonus alone
+    logp = torch.zeros(1, 3)
+    loss, _ = L.policy_loss(logp, logp, adv, torch.tensor([[1.0, 1.0, 0.0]]), clip_low=0.2, clip_high=0.2,
+                            loss_agg="token-mean", entropy=ent, entropy_coeff=0.1)
+    assert loss.item() == pytest.approx(-0.1 * (2.0 + 1.0) / 2)
+    with pytest.raises(ValueError, match="entropy"):
+        L.policy_loss(logp, logp, adv, torch.ones(1, 3), clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
+                      entropy_coeff=0.1)
+
+
+def test_chunked_entropy_has_the_unchunked_gradient():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 7, bias=False)
+    hidden = torch.randn(2, 5, 4, requires_grad=True)
+    labels = torch.randint(0, 7, (2, 5))
+    logp, ent = L.chunked_token_logprobs(hidden, head, labels, 0.8, chunk_tokens=3, with_entropy=True,
+                                         entropy_grad=True)
+    (logp.sum() + 2 * ent.sum()).backward()
+    got_h, got_w = hidden.grad.clone(), head.weight.grad.clone()
+    hidden.grad, head.weight.grad = None, None
+    logits = head(hidden)
+    (L.token_logprobs(logits, labels, 0.8).sum() + 2 * L.entropy_from_logits(logits, 0.8).sum()).backward()
+    assert torch.allclose(got_h, hidden.grad, atol=1e-6) and torch.allclose(got_w, head.weight.grad, atol=1e-6)
+    # without entropy_grad the entropy is a logged statistic: no gradient through it
+    _, ent = L.chunked_token_logprobs(hidden, head, labels, 0.8, chunk_tokens=3, with_entropy=True)
+    assert not ent.requires_grad
+
+
 def test_dual_clip_must_exceed_one():
     from ragrl.settings import RLConfig
 

@@ -47,6 +47,7 @@ def chunked_token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs(head(hidden), labels, temperature)` (and `entropy_from_logits`) without the
     [B, T, V] logits: the head runs on `chunk_tokens` of the B x T positions at a time.
@@ -58,7 +59,9 @@ def chunked_token_logprobs(
     logits are dropped after the forward and recomputed in the backward, so only one chunk's
     logits live at a time in either pass (the cost: the head's matmul once more per backward).
     Entropy is a logged statistic: with gradients on, each chunk's head runs once more for it,
-    without gradients and outside the checkpoint (so the backward does not recompute it).
+    without gradients and outside the checkpoint (so the backward does not recompute it); with
+    `entropy_grad` (an entropy bonus in the loss) it comes out of the checkpointed chunk instead,
+    with its gradient.
     """
     rows, width = labels.shape
     flat_hidden = hidden.reshape(rows * width, hidden.shape[-1])
@@ -69,10 +72,19 @@ def chunked_token_logprobs(
     def chunk_logp(h: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
         return token_logprobs(head(h), lab, temperature)
 
+    def chunk_both(h: torch.Tensor, lab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = head(h)
+        return token_logprobs(logits, lab, temperature), entropy_from_logits(logits, temperature)
+
     logps, ents = [], []
     for start in range(0, total, step):
         h, lab = flat_hidden[start : start + step], flat_labels[start : start + step]
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and with_entropy and entropy_grad:
+            logp_c, ent_c = torch.utils.checkpoint.checkpoint(chunk_both, h, lab, use_reentrant=False,
+                                                              preserve_rng_state=False)
+            logps.append(logp_c)
+            ents.append(ent_c)
+        elif torch.is_grad_enabled():
             # preserve_rng_state off: an LM head draws no random numbers, and saving the CUDA RNG
             # state costs a device sync per chunk.
             logps.append(torch.utils.checkpoint.checkpoint(chunk_logp, h, lab, use_reentrant=False,
@@ -220,10 +232,13 @@ def policy_loss(
     clip_ratio_c: float | None = None,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coeff: float = 0.0,
     max_response_len: int | None = None,
     denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped policy-gradient loss plus kl_coef * k3 KL to the reference, aggregated by `loss_agg`.
+    """Clipped policy-gradient loss plus kl_coef * k3 KL to the reference, minus entropy_coeff *
+    the per-token entropy (verl's entropy bonus), aggregated by `loss_agg`.
 
     The KL term sits inside the per-token loss (GRPO-style) rather than in the reward (PPO-RLHF
     style), so it needs no critic and is aggregated exactly like the policy term.
@@ -236,6 +251,11 @@ def policy_loss(
         kl = kl_k3(logp, ref_logp)
         per_token = per_token + kl_coef * kl
         stats["kl"] = aggregate(kl.detach(), mask, "token-mean")
+    if entropy_coeff != 0.0:
+        if entropy is None:
+            raise ValueError("entropy_coeff needs the per-token entropy (with its gradient)")
+        # verl's entropy bonus: pg_loss - entropy_coeff * agg_loss(entropy), the same aggregation.
+        per_token = per_token - entropy_coeff * entropy
     loss = aggregate(per_token, mask, loss_agg, max_response_len, denominator)
     stats["pg_loss"] = aggregate(pg.detach(), mask, "token-mean")
     stats["clip_frac"] = aggregate(was_clipped, mask, "token-mean")

@@ -449,8 +449,10 @@ def _note_unchunked(model) -> None:
 
 
 def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float, chunk_tokens: int,
-                      with_entropy: bool, autocast) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs [B, R] (and entropies, never with gradients) of the response tokens.
+                      with_entropy: bool, autocast,
+                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [B, R] (and entropies: without gradients unless `entropy_grad`, an entropy bonus
+    in the loss) of the response tokens.
 
     chunk_tokens > 0 (rl.logprob_chunk_tokens): the model body runs once and the LM head,
     log-softmax and gather `chunk_tokens` positions at a time (`chunked_token_logprobs`), so peak
@@ -467,6 +469,8 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
         logp = token_logprobs(logits, labels, temperature)
         if not with_entropy:
             return to_rows(logp, batch), None
+        if entropy_grad and torch.is_grad_enabled():
+            return to_rows(logp, batch), to_rows(entropy_from_logits(logits, temperature), batch)
         with torch.no_grad():
             # A row's worth at a time: in the update the graph still holds these logits, and
             # entropy's temporaries would be several more tensors of their size beside them.
@@ -483,7 +487,8 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
         with autocast():
             return head(h)
 
-    logp, entropy = chunked_token_logprobs(hidden, apply_head, labels, temperature, chunk_tokens, with_entropy)
+    logp, entropy = chunked_token_logprobs(hidden, apply_head, labels, temperature, chunk_tokens, with_entropy,
+                                           entropy_grad)
     return to_rows(logp, batch), to_rows(entropy, batch)
 
 
@@ -971,12 +976,14 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
                 rows = mini_rows[micro_pos]
                 micro = micro_batch(batch, rows, device, cfg.padding_free)
                 with accelerator.accumulate(model):
+                    bonus = cfg.entropy_coeff > 0
                     logp, entropy = response_logprobs(model, micro, cfg.temperature, cfg.logprob_chunk_tokens,
-                                                      own and cfg.log_entropy, accelerator.autocast)
+                                                      bonus or (own and cfg.log_entropy), accelerator.autocast,
+                                                      entropy_grad=bonus)
                     if own:
                         own_logp[rows] = logp.detach().float().cpu()
                         if own_entropy is not None:
-                            own_entropy[rows] = entropy.float().cpu()
+                            own_entropy[rows] = entropy.detach().float().cpu()
                     loss, stats = policy_loss(
                         logp,
                         logp.detach() if own else old_logp[rows].to(device),
@@ -988,6 +995,8 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
                         clip_ratio_c=cfg.clip_ratio_c,
                         ref_logp=ref_logp[rows].to(device) if ref_logp is not None else None,
                         kl_coef=kl_coef,
+                        entropy=entropy if bonus else None,
+                        entropy_coeff=cfg.entropy_coeff,
                         max_response_len=cfg.max_response_len,
                         denominator=denominator,
                     )

@@ -15,6 +15,7 @@ cannot honour are refused with the reason instead of being dropped silently:
     micro_batch_size         actor.ppo_micro_batch_size_per_gpu (+ the log-prob passes); None:
                              verl's dynamic batch size (tokens per GPU)
     clip_eps, clip_eps_high  actor.clip_ratio_low, actor.clip_ratio_high
+    entropy_coeff            actor.entropy_coeff
     clip_ratio_c             actor.clip_ratio_c; None (no dual clip): NO_DUAL_CLIP, as verl cannot
                              switch it off and applies 3.0 by default
     kl_coef (> 0)            actor.use_kl_loss=true, kl_loss_coef, kl_loss_type=k3 (verl's k3 is
@@ -161,7 +162,7 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
         f"{actor}.clip_ratio_high": cfg.clip_high,
         f"{actor}.clip_ratio_c": NO_DUAL_CLIP if cfg.clip_ratio_c is None else cfg.clip_ratio_c,
         f"{actor}.loss_agg_mode": LOSS_AGG[cfg.loss_agg],
-        f"{actor}.entropy_coeff": 0,
+        f"{actor}.entropy_coeff": cfg.entropy_coeff,
         f"{actor}.use_kl_loss": cfg.kl_coef > 0,
         f"{actor}.kl_loss_coef": cfg.kl_coef,
         f"{actor}.kl_loss_type": "k3",
