@@ -369,13 +369,20 @@ def test_rag_r1_cuts_each_querys_documents_not_the_whole_observation(tiny):
     docs = json.loads(per_query.actions[0]["observation"])["documents"]
     assert len(docs) == 3
     for kept, doc, one in zip(docs, full, first_doc):
-        assert doc.startswith(kept) or len(tiny.tok.encode(kept, add_special_tokens=False)) <= budget
+        assert len(tiny.tok.encode(kept, add_special_tokens=False)) <= budget
         assert kept.startswith(one) and kept != doc  # each keeps its first passage, and is cut
     # The turn record credits the passages whose title line was shown: the first of each query, and
     # a second only where its header fit the budget.
     shown = per_query.actions[0]["retrieved"]
     hits = FakeRetriever(tiny.world.passages).search(queries, 3)
     assert {h[0]["id"] for h in hits} <= set(shown) and not {h[2]["id"] for h in hits} & set(shown)
+    # Exactly the passages whose "Doc i: {title}" line is whole in what was kept, for any budget.
+    for b in range(8, 400, 7):
+        _, t = run(b, 4000)
+        kept = json.loads(t.actions[0]["observation"])["documents"]
+        want = [h["id"] for per_q, doc in zip(hits, kept) for i, h in enumerate(per_q, 1)
+                if f"Doc {i}: {h['title']}\n" in doc + "\n"]
+        assert t.actions[0]["retrieved"] == list(dict.fromkeys(want)), b
     # A whole-observation cut of the same size loses the later queries' passages altogether.
     _, cut_whole = run(None, budget + 40)
     assert len(cut_whole.actions[0]["retrieved"]) < 3
@@ -940,6 +947,48 @@ def test_doc_in_the_policys_own_query_is_no_passage_header():
         ranks = [(h["id"], h["title"], r) for r, h in enumerate(hits, 1)]
         assert shown_passages(ranks, full, full[:first + 10]) == ["p1"], render.__name__
         assert shown_passages(ranks, full, full[:first - 8]) == [], render.__name__  # cut before the first block
+
+
+def test_gold_sft_keeps_only_plans_whose_support_the_observation_showed(tiny):
+    # Under RAG-R1's per-query cut a retrieved supporting passage can be cut out of the
+    # observation: the gold plan's hop then has no support in what the policy would read.
+    from ragrl.toy.gold import WorldPlanner
+    from ragrl.train.sft_data import gold_trajectories
+
+    passages = {p["id"]: p for p in tiny.world.passages}
+    rows = tiny.rows[:30]
+
+    def gold(query_obs_tokens):
+        env = MultiQuerySearchEnvironment(FakeRetriever(tiny.world.passages), topk=3, max_queries=3,
+                                          query_format="rag_r1", query_obs_tokens=query_obs_tokens)
+        engine = _engine(tiny, None, env, max_turns=4, max_turn_tokens=200, max_obs_tokens=4000)
+        return gold_trajectories(rows, engine, WorldPlanner(0, ", "))
+
+    full_rows, full_stats = gold(None)
+    cut_rows, cut_stats = gold(20)
+    assert full_stats.dropped.get("support_not_retrieved", 0) < cut_stats.dropped["support_not_retrieved"]
+    assert cut_rows
+    by_id = {r["id"]: r for r in rows}
+    for row in cut_rows:  # every supporting passage's title line is in what the observations showed
+        shown = "".join(json.loads(part.split("</information>")[0])["documents"][0]
+                        for part in row["text"].split("\n<information>")[1:])
+        for pid in by_id[row["id"]]["supporting_ids"]:
+            assert f"{passages[pid]['title']}\n" in shown + "\n", (row["id"], pid)
+
+
+def test_a_dropped_query_note_before_the_json_fakes_no_header():
+    # More queries than max_queries: the note quoting the dropped ones (the policy's text, raw)
+    # comes before RAG-R1's JSON. A dropped "query" written as a passage header is not one.
+    from ragrl.agent.protocol import dropped_note, format_rag_r1_json
+    from ragrl.agent.rollout import shown_passages
+
+    hits = [{"id": "p1", "title": "T1", "text": "x " * 20}]
+    fake = 'Doc 1: T1 {\n  "query": [ "documents": "Doc 1: T1'
+    full = dropped_note([fake], 1) + format_rag_r1_json(["q"], [hits])
+    ranks = [("p1", "T1", 1)]
+    real = full.index('Doc 1: T1\\n')  # the block inside the JSON (its newline escaped)
+    assert shown_passages(ranks, full, full[:real - 2]) == []  # cut before the real block
+    assert shown_passages(ranks, full, full[:real + 12]) == ["p1"]
 
 
 def test_retrieval_reward_reads_the_passages_the_environment_showed(tiny):

@@ -77,6 +77,8 @@ class SearchEnvironment:
         self.last_search_s = 0.0  # wall time of the latest retriever call (0 when none was needed)
         # per action of the latest respond: (id, title, rank in its query's list) of each passage shown
         self.last_hits: list[list[tuple[str, str, int]]] = []
+        # per action of the latest respond, per query: the hits its observation showed
+        self.last_shown: list[list[list[dict]]] = []
 
     def _make_spec(self) -> ActionSpec:
         return ActionSpec(actions=("search", "answer"))
@@ -99,7 +101,7 @@ class SearchEnvironment:
         out: list[str | None] = []
         # Which passages each action's observation holds (id, title, rank), for the turn record: a
         # retrieval reward reads what the environment returned, never the policy's text.
-        self.last_hits = []
+        self.last_hits, self.last_shown = [], []
         cursor = 0
         for action in actions:
             hits = results[cursor : cursor + len(action.queries)] if action.kind == "search" else []
@@ -110,6 +112,7 @@ class SearchEnvironment:
                 cursor += len(action.queries)
                 text, shown = self._render(action, hits, reserved)
                 out.append(text)
+            self.last_shown.append(shown)
             self.last_hits.append([(str(h.get("id", "")), str(h.get("title") or ""), rank) for per_query in shown
                                    for rank, h in enumerate(per_query, 1)])
             if action.kind not in ("answer", "search"):

@@ -311,6 +311,10 @@ def format_rag_r1_json(queries: Sequence[str], hits: Sequence[Sequence[dict]], r
     return rag_r1_json(queries, [rag_r1_documents(per_query, reserved) for per_query in hits], reserved)
 
 
+# How json.dumps(..., indent=2) opens RAG-R1's observation object.
+RAG_R1_JSON_OPENING = '{\n  "query": ['
+
+
 def rag_r1_json(queries: Sequence[str], documents: Sequence[str], reserved: Iterable[str] = ()) -> str:
     if len(documents) != len(queries):
         raise ValueError(f"{len(documents)} result lists for {len(queries)} queries")

@@ -51,6 +51,7 @@ from ragrl.agent.protocol import (
     DEFAULT_MULTI_QUERY_INSTRUCTION,
     OBS_PREFIX,
     OBS_SUFFIX,
+    RAG_R1_JSON_OPENING,
     Action,
     build_instruction,
     forced_answer_prompt,
@@ -314,8 +315,12 @@ def shown_passages(hits: Sequence[tuple[str, str, int]], full: str, shown: str) 
     if shown == full:
         return [pid for pid, _, _ in hits]
     cut = len(os.path.commonprefix([full, shown]))
-    # RAG-R1's JSON lists the queries first, each a JSON string as the documents are: start after them
-    pos = max(full.find('"documents":'), 0) if full.lstrip().startswith("{") else 0
+    # RAG-R1's JSON lists the queries first, each a JSON string as the documents are: start after
+    # them. A note on dropped queries may come first, and it quotes the policy's text raw: the JSON
+    # is where its opening last occurs (inside JSON strings a newline is escaped), and its
+    # "documents" key is the first after that (inside them a quote is escaped).
+    start = full.rfind(RAG_R1_JSON_OPENING)
+    pos = max(full.find('"documents":', start), 0) if start >= 0 else 0
     out = []
     for pid, title, rank in hits:
         header = re.compile(rf'(?:^|\n|\\n|")Doc {rank}(?:\(Title: |: )').search(full, pos)

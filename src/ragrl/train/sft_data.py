@@ -88,18 +88,6 @@ class SFTDataStats:
 # --------------------------------------------------------------------------- gold trajectories
 
 
-class _RecordingRetriever:
-    """Remembers the hits of the latest call, so the support check sees what the environment showed."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.last: list[list[dict]] = []
-
-    def search(self, queries, topk):
-        self.last = self.inner.search(queries, topk)
-        return self.last
-
-
 @dataclass
 class Draft:
     """One gold trajectory being assembled turn by turn (`dropped`: why it will not be kept)."""
@@ -119,11 +107,9 @@ def gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, planner: G
     The engine's generator is never called.
     """
     spec = engine.env.spec
-    # Same environment, its retriever wrapped; the engine's stays untouched. Gold search plans need
-    # an environment with a retriever (a search environment), which the Environment protocol lacks.
+    # A copy of the environment, so the engine's keeps its own record of the latest turn. Gold search
+    # plans need a search environment (its `last_shown`), which the Environment protocol lacks.
     env: Any = copy.copy(engine.env)
-    recorder = _RecordingRetriever(env.retriever)
-    env.retriever = recorder
     stats = SFTDataStats("gold")
     drafts = []
     for row in qa_rows:
@@ -141,7 +127,7 @@ def gold_trajectories(qa_rows: Iterable[dict], engine: RolloutEngine, planner: G
     for turn in range(max((len(d.plan.turns) for d in drafts), default=0)):
         active = [d for d in drafts if d.dropped is None and turn < len(d.plan.turns)]
         if active:
-            _search_turn(active, turn, env, recorder, engine, planner, require_support)
+            _search_turn(active, turn, env, engine, planner, require_support)
     return finish_drafts(drafts, planner.answer_text, engine, stats, append_eos), stats
 
 
@@ -161,18 +147,18 @@ def finish_drafts(drafts, answer_of, engine: RolloutEngine, stats: SFTDataStats,
     return rows
 
 
-def _search_turn(active: list[Draft], turn: int, env, recorder: _RecordingRetriever, engine: RolloutEngine,
-                 planner: GoldPlanner, require_support: bool) -> None:
+def _search_turn(active: list[Draft], turn: int, env, engine: RolloutEngine, planner: GoldPlanner,
+                 require_support: bool) -> None:
     actions = []
     for d in active:
         text = planner.search_text(d.plan, turn)
         actions.append(env.parse(text))
         append_segment(d, encode_segment(engine, text), engine)
     infos = env.respond(actions, engine.reserved)
-    hits = iter(recorder.last)
-    for d, action, info in zip(active, actions, infos):
+    # What each observation showed, per query: a passage the environment cut off (RAG-R1's
+    # per-query cut) does not support a gold hop however high the retriever ranked it.
+    for d, action, info, per_query in zip(active, actions, infos, env.last_shown, strict=True):
         hop_ids = d.plan.turns[turn]
-        per_query = [next(hits) for _ in action.queries] if action.kind == "search" else []
         if d.dropped is not None:
             continue
         if action.kind != "search" or len(action.queries) != len(hop_ids):
