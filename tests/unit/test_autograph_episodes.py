@@ -100,6 +100,24 @@ def test_hard_negatives_come_from_the_retriever_and_skip_supporting_passages(tin
     ep = episodes_from_world([row], tiny.world.passages, negatives=2, search=lambda qs, k: [ranked])[0]
     assert sorted(d.id for d in ep.documents) == sorted([*row["supporting_ids"], others[0]["id"], others[1]["id"]])
     assert ep.supporting_ids == tuple(row["supporting_ids"])
+    # AutoGraph-R1's DOC_SIZE: the count is of documents in all, the supporting ones included.
+    n_support = len(row["supporting_ids"])
+    for total, negs in ((n_support + 1, [others[0]["id"]]), (n_support, []), (n_support + 3, [o["id"] for o in others[:3]])):
+        ep = episodes_from_world([row], tiny.world.passages, negatives=total, search=lambda qs, k: [ranked],
+                                 in_all=True)[0]
+        assert sorted(d.id for d in ep.documents) == sorted([*row["supporting_ids"], *negs]), total
+
+
+def test_the_methods_episodes_honour_documents_in_all(tiny):
+    from ragrl.methods.graph_constructor import ConstructorEnvironment, GraphConstructorOptions
+
+    row = tiny.qa[0]
+    others = [p for p in tiny.world.passages if p["id"] not in row["supporting_ids"]]
+    retriever = SimpleNamespace(passages=SimpleNamespace(table=pa.Table.from_pylist(tiny.world.passages)),
+                                search=lambda qs, k: [[{"id": o["id"]} for o in others[:k]] for _ in qs])
+    sizes = [len(ConstructorEnvironment(GraphConstructorOptions(negatives=5, documents_in_all=flag), retriever)
+                 .episodes([row])[0].documents) for flag in (False, True)]
+    assert sizes == [len(row["supporting_ids"]) + 5, 5]
 
 
 def test_rollout_feeds_one_document_per_turn_and_masks_all_but_the_constructor(tiny):

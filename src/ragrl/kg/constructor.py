@@ -268,10 +268,12 @@ def carrier_scores(episodes: Sequence[Episode], trajectories: Sequence[tuple[int
 
 def episodes_from_world(qa_rows: Sequence[dict], passages: Sequence[dict], *, negatives: int = 0,
                         search: Callable[[list[str], int], list[list[dict]]] | None = None,
-                        shuffle_seed: int | None = 0) -> list[Episode]:
+                        shuffle_seed: int | None = 0, in_all: bool = False) -> list[Episode]:
     """One episode per QA row: its supporting passages, plus up to `negatives` hard negatives (the
-    retriever's best passages for the question that do not support it). Document order is shuffled
-    per question (seeded), so a retriever that ranks documents in input order earns nothing."""
+    retriever's best passages for the question that do not support it); with `in_all`, hard
+    negatives up to `negatives` documents in all, the supporting ones included (AutoGraph-R1's
+    DOC_SIZE). Document order is shuffled per question (seeded), so a retriever that ranks
+    documents in input order earns nothing."""
     import random
 
     by_id = {str(p["id"]): Document(str(p["id"]), str(p.get("title") or ""), str(p["text"])) for p in passages}
@@ -291,7 +293,8 @@ def episodes_from_world(qa_rows: Sequence[dict], passages: Sequence[dict], *, ne
         if missing:
             raise InputError(f"question {row['id']}: supporting passage(s) {missing} are not in the passages")
         extra = [str(h["id"]) for h in found if str(h["id"]) not in support and str(h["id"]) in by_id]
-        ids = support + list(dict.fromkeys(extra))[:negatives]
+        wanted = max(negatives - len(support), 0) if in_all else negatives
+        ids = support + list(dict.fromkeys(extra))[:wanted]
         if shuffle_seed is not None:
             random.Random(f"{shuffle_seed}:{row['id']}").shuffle(ids)
         episodes.append(Episode(str(row["id"]), str(row["question"]), tuple(str(a) for a in row["golden_answers"]),

@@ -5,7 +5,8 @@ Episodes (`ragrl.kg.constructor`): a question's documents, one per turn ("Extrac
 validity rules, `allow_empty`); an invalid turn ends the episode with reward 0; loss only on the
 constructor's turns. Rewards (`options.reward`):
 - "index" (R_I, the default): recall of the supporting passages in the HippoRAG-2 PPR retriever's
-  top `recall_k`, over the supporting passages plus `negatives` hard negatives from the retriever;
+  top `recall_k`, over the supporting passages plus `negatives` hard negatives from the retriever
+  (`documents_in_all`: up to `negatives` documents in all);
 - "carrier" (R_C): the judge (`options.judge`: "connectivity", deterministic, or "openai", an
   OpenAI-compatible endpoint) says whether the gold answer follows from the subgraph retriever's
   triples; documents are the supporting passages only.
@@ -40,7 +41,10 @@ JUDGES = ("connectivity", "openai")
 class GraphConstructorOptions:
     reward: str = "index"  # index (R_I) | carrier (R_C)
     allow_empty: bool = False  # accept [] for a document with nothing to extract
-    negatives: int = 15  # R_I: hard negatives per question (AutoGraph-R1: 15)
+    negatives: int = 15  # R_I: hard negatives per question
+    # R_I: `negatives` counts the documents in all, the supporting ones included (AutoGraph-R1's
+    # DOC_SIZE=15) instead of the hard negatives added to them.
+    documents_in_all: bool = False
     recall_k: int = 5
     top_triples: int = 10
     hops: int = 3
@@ -121,7 +125,8 @@ class ConstructorEnvironment:
         negatives = self.options.negatives if self.options.reward == "index" else 0
         search = (lambda qs, k: [[h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits]
                                  for hits in self.retriever.search(qs, k)])
-        return episodes_from_world(qa_rows, passages, negatives=negatives, search=search if negatives else None)
+        return episodes_from_world(qa_rows, passages, negatives=negatives, search=search if negatives else None,
+                                   in_all=self.options.documents_in_all)
 
     def score(self, episode, trajectory, ranking=None) -> Score:
         """`ranking`: the episode's PPR ranking (R_I), when the caller computed it already."""
