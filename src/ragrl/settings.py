@@ -240,8 +240,9 @@ class RLConfig:
     lr: float = setting(1e-6, gt=0, help="learning rate")
     warmup_steps: int = setting(0, ge=0, help="linear LR warm-up, in RL steps")
     lr_scheduler: str = setting("constant", choices=("constant", "cosine"),
-                                help="the LR after the warm-up: constant, or a cosine to 0 at the last step (TRL's "
-                                     "and verl's cosine)")
+                                help="the policy's LR after the warm-up: constant, or transformers' and verl's cosine "
+                                     "over the remaining steps (towards 0 after the last; the critic's stays constant, "
+                                     "as verl's default)")
     weight_decay: float = setting(0.0, ge=0, help="AdamW weight decay")
     steps: int = setting(100, ge=1, help="RL steps")
     batch_prompts: int = setting(8, ge=1, help="prompts per step over all processes")

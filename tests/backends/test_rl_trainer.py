@@ -198,8 +198,9 @@ def test_tied_group_share_is_logged_and_the_filter_skips_all_tied_steps(toy, tmp
         assert all((r["grad_norm"] is None) == flag for r in log)
 
 
-@pytest.mark.parametrize("padding_free", [False, True])
-def test_entropy_bonus_raises_the_policys_entropy(toy, tmp_path, padding_free):
+@pytest.mark.parametrize(("padding_free", "chunk"), [(False, 1024), (True, 1024), (False, 0)],
+                         ids=["padded", "padding-free", "unchunked"])
+def test_entropy_bonus_raises_the_policys_entropy(toy, tmp_path, padding_free, chunk):
     # Every group ties (zero advantages): the policy-gradient term is 0, so the update is the bonus
     # alone, and it must raise the entropy of the next-token distribution after the prompts;
     # without the bonus the same update leaves the weights as they were.
@@ -219,7 +220,7 @@ def test_entropy_bonus_raises_the_policys_entropy(toy, tmp_path, padding_free):
     for coeff in (0.0, 1.0):
         out = tmp_path / str(coeff)
         cfg = RLConfig(steps=4, batch_prompts=2, group_size=2, lr=1e-3, seed=0, checkpoint_every=100,
-                       entropy_coeff=coeff, padding_free=padding_free)
+                       entropy_coeff=coeff, padding_free=padding_free, logprob_chunk_tokens=chunk)
         final = train_rl(model_dir, None, prompts, constant, cfg, out)
         if coeff == 0.0:
             before, after = load_file(model_dir / "model.safetensors"), load_file(final / "model.safetensors")
@@ -231,6 +232,8 @@ def test_entropy_bonus_raises_the_policys_entropy(toy, tmp_path, padding_free):
 def test_cosine_lr_schedule_is_transformers_after_the_warm_up(toy, tmp_path):
     # KnowRL's TRL run: cosine after a warm-up. Each logged step's LR against transformers' own
     # schedule (ours warms up to 1 at step warmup - 1, theirs at step warmup: their first LR is 0).
+    import dataclasses
+
     from transformers import get_cosine_schedule_with_warmup
 
     model_dir, prompts, target = toy
@@ -248,6 +251,13 @@ def test_cosine_lr_schedule_is_transformers_after_the_warm_up(toy, tmp_path):
     assert lrs[:2] == pytest.approx([5e-4, 1e-3]) and want[:2] == pytest.approx([0.0, 5e-4])
     assert lrs[2:] == pytest.approx(want[2:])
     assert lrs[2] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(0.75 * math.pi)))
+    # A finished run extended (steps 3 -> 6) takes the new schedule's LR from its first new step on:
+    # the LR it saved at its last step (0 under a 3-step cosine) is not the next step's.
+    ext = tmp_path / "extended"
+    for steps in (3, 6):
+        train_rl(model_dir, None, prompts, rl_toy.make_rollout(target, max_new_tokens=2),
+                 dataclasses.replace(cfg, steps=steps), ext)
+    assert [r["lr"] for r in _log(ext)][3:] == pytest.approx(lrs[3:])
     # constant (the default) stays at lr after the warm-up
     const = tmp_path / "constant"
     train_rl(model_dir, None, prompts, rl_toy.make_rollout(target, max_new_tokens=2),

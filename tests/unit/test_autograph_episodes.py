@@ -222,7 +222,7 @@ def test_the_methods_score_applies_its_repetition_penalty():
     scores = [ConstructorEnvironment(GraphConstructorOptions(reward="carrier", **kw)).score(ep, trajectory).reward
               for kw in ({}, {"repetition_penalty": 0.0}, {"repetition_penalty": 0.5})]
     assert scores == pytest.approx([1 - 2 / 3, 1.0, 1 - 1 / 3])
-    for bad in (-0.1, True, "1"):
+    for bad in (-0.1, True, "1", float("inf"), float("nan")):
         with pytest.raises(InputError, match="repetition_penalty"):
             GraphConstructorOptions(repetition_penalty=bad)
 

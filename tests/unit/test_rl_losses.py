@@ -161,6 +161,15 @@ def test_entropy_bonus_is_subtracted_and_aggregated_as_the_loss():
     loss, _ = L.policy_loss(logp, logp, adv, torch.tensor([[1.0, 1.0, 0.0]]), clip_low=0.2, clip_high=0.2,
                             loss_agg="token-mean", entropy=ent, entropy_coeff=0.1)
     assert loss.item() == pytest.approx(-0.1 * (2.0 + 1.0) / 2)
+    # Aggregated as the loss is: per sequence (grpo), by a constant (dr_grpo), by a given denominator.
+    ents = torch.tensor([[2.0, 1.0, 0.5], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    zeros = torch.zeros(2, 3)
+    for mode, kw, want in (("grpo", {}, ((2.0 + 1.0) / 2 + 4.0) / 2), ("dr_grpo", {"max_response_len": 5}, 7.0 / (2 * 5)),
+                           ("token-mean", {"denominator": 7.0}, 7.0 / 7.0)):
+        loss, _ = L.policy_loss(zeros, zeros, zeros, mask, clip_low=0.2, clip_high=0.2, loss_agg=mode,
+                                entropy=ents, entropy_coeff=0.1, **kw)
+        assert loss.item() == pytest.approx(-0.1 * want), mode
     with pytest.raises(ValueError, match="entropy"):
         L.policy_loss(logp, logp, adv, torch.ones(1, 3), clip_low=0.2, clip_high=0.2, loss_agg="token-mean",
                       entropy_coeff=0.1)

@@ -93,8 +93,8 @@ class GraphConstructorOptions:
         if not 0.0 <= self.repetition_limit <= 1.0:
             raise InputError(f"repetition_limit={self.repetition_limit} must be in [0, 1]")
         if isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float)) \
-                or not self.repetition_penalty >= 0.0:
-            raise InputError(f"repetition_penalty={self.repetition_penalty!r} must be a number >= 0")
+                or not 0.0 <= self.repetition_penalty < float("inf"):
+            raise InputError(f"repetition_penalty={self.repetition_penalty!r} must be a finite number >= 0")
 
 
 class ConstructorEnvironment:

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
 from ragrl import hostinfo
 from ragrl.errors import InputError
@@ -470,7 +471,11 @@ def response_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
         if not with_entropy:
             return to_rows(logp, batch), None
         if entropy_grad and torch.is_grad_enabled():
-            return to_rows(logp, batch), to_rows(entropy_from_logits(logits, temperature), batch)
+            # Checkpointed, as verl's entropy_checkpointing: its softmax temporaries are the size
+            # of the logits, and the backward would otherwise keep two more copies.
+            entropy = torch.utils.checkpoint.checkpoint(entropy_from_logits, logits, temperature, use_reentrant=False,
+                                                        preserve_rng_state=False)
+            return to_rows(logp, batch), to_rows(entropy, batch)
         with torch.no_grad():
             # A row's worth at a time: in the update the graph still holds these logits, and
             # entropy's temporaries would be several more tensors of their size beside them.
@@ -742,11 +747,20 @@ def train_rl(
         start_step, log_offset = int(state["step"]), int(state["log_offset"])
         if start_step > cfg.steps:
             raise InputError(f"{resume_dir} is past step {start_step}, beyond the requested steps={cfg.steps}")
+        # The optimizer's saved LR is the old schedule's: a run extended under cosine (its total
+        # changed) saved LR 0 at its last step. The next step's LR comes from this run's schedule;
+        # for a resumption of the same run it is the value saved, computed the same way.
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base * scheduler.lr_lambdas[0](scheduler.last_epoch)
         if is_main:
             print(f"[rl] resuming from {resume_dir} at step {start_step}", file=sys.stderr, flush=True)
-            changed = config_changes(state.get("config", {}), cfg)
+            saved = state.get("config", {})
+            changed = config_changes(saved, cfg)
             if changed:
                 print(f"[rl] warning: config differs from the checkpoint's in {changed}", file=sys.stderr, flush=True)
+            if cfg.lr_scheduler != "constant" and saved.get("steps", cfg.steps) != cfg.steps:
+                print(f"[rl] warning: steps {saved.get('steps')} -> {cfg.steps} under a {cfg.lr_scheduler} schedule: "
+                      f"the LR follows the new total from step {start_step + 1} on", file=sys.stderr, flush=True)
     record = None  # the hosts that trained it, written with final/ (main process only)
     if is_main:
         ckpt.truncate_log(log_path, log_offset)
