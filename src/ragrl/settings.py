@@ -361,6 +361,10 @@ class RetrieverTrainConfig:
     lr: float = setting(1e-5, gt=0, help="learning rate (constant)")
     clip_eps: float = setting(0.2, gt=0, help="PPO's clip of the probability ratio")
     alpha: float = setting(0.05, gt=0, help="temperature of the Plackett-Luce draw over the pool's scores")
+    # TRL 0.18.1's default loss_type "bnpo" is the mean over the batch's retrieval steps: token-mean.
+    loss_agg: str = setting("grpo", choices=("grpo", "token-mean"),
+                            help="grpo: mean over each trajectory's retrieval steps, then over trajectories; "
+                                 "token-mean: over all retrieval steps of the batch (TRL's bnpo)")
     max_grad_norm: float | None = setting(1.0, help="gradient clipping norm; null: no clipping")
     checkpoint_every: int = setting(10, ge=1, help="steps between checkpoints")
     keep_checkpoints: int = setting(2, ge=1, help="checkpoints kept")

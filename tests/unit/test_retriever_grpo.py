@@ -67,6 +67,9 @@ def test_clipped_loss_by_hand():
     t1 = math.exp(0.5) * 0.7
     assert float(loss) == pytest.approx((t0 + t1) / 2, rel=1e-6)
     assert float(stats["clip_frac"]) == pytest.approx(1 / 3)
+    # TRL's bnpo (harr.train.loss_agg token-mean): one mean over the batch's three steps.
+    bnpo, _ = retrieval_loss(new, old, adv, mask, clip_eps=0.2, loss_agg="token-mean")
+    assert float(bnpo) == pytest.approx((2 * t0 + t1) / 3, rel=1e-6)
 
 
 def test_grpo_over_retrieval_steps_learns_to_retrieve_the_rewarded_document():

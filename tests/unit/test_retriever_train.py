@@ -166,3 +166,32 @@ def test_the_real_encoder_trains_reproducibly_and_a_resumed_run_ends_where_an_un
     records = [hostinfo.read_record(tmp_path / run / "final" / "encoder") for run in "abc"]
     assert [r["stage"] for r in records] == ["harr"] * 3 and all(r["start"] is None for r in records)
     assert [[s["from_step"] for s in r["segments"]] for r in records] == [[0], [0], [0, 2]]
+
+
+def test_the_loop_aggregates_the_loss_as_configured(tmp_path, monkeypatch):
+    # Trajectories of one and two retrieval steps: "grpo" and TRL's bnpo ("token-mean") weigh them
+    # differently, so the two settings train different weights (after a few steps: Adam's first step
+    # moves each weight by lr x the sign of its gradient, whatever the scale).
+    import dataclasses
+
+    def rollout_for(policy, index):
+        def rollout(batch, step):
+            gen = torch.Generator().manual_seed(1000 + step)
+            trajs = []
+            for group, row in enumerate(batch):
+                for j in range(CFG.group_size):
+                    steps = retrieve(policy, index, [row["state"]] * (1 + j % 2), pool_size=16, k=3, alpha=CFG.alpha,
+                                     generator=gen)
+                    hit = any(row["target"] in s.doc_ids for s in steps)
+                    trajs.append(Trajectory(row["id"], group, float(hit), list(steps)))
+            return trajs
+        return rollout
+
+    index = _index()
+    weights = {}
+    for agg in ("grpo", "token-mean"):
+        policy = ToyPolicy(STATES, 8, seed=1)
+        cfg = dataclasses.replace(CFG, steps=4, loss_agg=agg)
+        train_retriever(policy, index, ROWS, rollout_for(policy, index), tmp_path / agg, cfg)
+        weights[agg] = [p.detach().clone() for p in policy.parameters()]
+    assert any(not torch.allclose(a, b) for a, b in zip(weights["grpo"], weights["token-mean"], strict=True))

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ragrl.errors import InputError
 from ragrl.train.advantages import group_advantages, token_advantages
-from ragrl.train.losses import policy_loss
+from ragrl.train.losses import LossAgg, policy_loss
 from ragrl.train.retriever_policy import RetrievalStep, recompute_log_probs
 
 # HARR's epsilon in the advantage denominator (their `std + 1e-4`), not the core's 1e-6 default.
@@ -99,16 +99,19 @@ def steps_tensor(trajectories: Sequence[Trajectory], values: Sequence[float] | t
 
 
 def retrieval_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                   clip_eps: float = 0.2) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """HARR's loss on [B, S] step log-probs: PPO-clip per step, mean over steps, mean over trajectories."""
-    return policy_loss(new_logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps, loss_agg="grpo")
+                   clip_eps: float = 0.2, loss_agg: str = "grpo") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """HARR's loss on [B, S] step log-probs: PPO-clip per step, then a mean over steps and over
+    trajectories ("grpo") or over all the batch's steps ("token-mean", TRL's bnpo)."""
+    return policy_loss(new_logp, old_logp, advantages, mask, clip_low=clip_eps, clip_high=clip_eps,
+                       loss_agg=cast(LossAgg, loss_agg))
 
 
 # --- one update --------------------------------------------------------------------------------------
 
 
 def update(policy: Any, index: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory], *,
-           alpha: float, clip_eps: float = 0.2, max_grad_norm: float | None = 1.0) -> dict[str, float]:
+           alpha: float, clip_eps: float = 0.2, max_grad_norm: float | None = 1.0,
+           loss_agg: str = "grpo") -> dict[str, float]:
     """One optimizer step on a batch of trajectories (HARR: 16 questions x G 8, one update per batch).
 
     The old log-probs are the rollout's; `logprob_mismatch` reports how far the recomputation
@@ -128,7 +131,7 @@ def update(policy: Any, index: Any, optimizer: torch.optim.Optimizer, trajectori
     stats["logprob_mismatch"] = float((new_flat.detach().cpu() - old_flat).abs().max())
     device = new_flat.device
     loss, parts = retrieval_loss(steps_tensor(trajectories, new_flat), steps_tensor(trajectories, old_flat).to(device),
-                                 adv.to(device), mask.to(device), clip_eps)
+                                 adv.to(device), mask.to(device), clip_eps, loss_agg)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -126,7 +126,7 @@ def train_retriever(policy: torch.nn.Module, index: Any, rows: Sequence[Mapping[
         batch = [rows[i] for i in step_questions(len(rows), step, cfg.questions_per_step, cfg.seed)]
         trajectories = rollout(batch, step)
         stats = update(policy, index, optimizer, trajectories, alpha=cfg.alpha, clip_eps=cfg.clip_eps,
-                       max_grad_norm=cfg.max_grad_norm)
+                       max_grad_norm=cfg.max_grad_norm, loss_agg=cfg.loss_agg)
         lines.append(json.dumps({"step": step, **stats}, sort_keys=True))
         with atomic_path(log) as tmp:
             tmp.write_text("\n".join(lines) + "\n")
