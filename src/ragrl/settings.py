@@ -144,6 +144,9 @@ class RolloutConfig:
     instruction: str | None = setting(
         None, help="prompt with {question} (and {max_queries}) placeholders; null: the environment's Search-R1 style "
                    "default (protocol.DEFAULT_INSTRUCTION / DEFAULT_MULTI_QUERY_INSTRUCTION)")
+    system_prompt: str | None = setting(
+        None, help="a system message before the user turn (the instruction then holds what the user turn says, "
+                   "e.g. \"{question}\": KnowRL's prompt); null: the user turn alone")
 
     def __post_init__(self) -> None:
         # A prefilled <answer> is what exempts the last turn from <think> (the turn record's
@@ -401,6 +404,10 @@ class HarrEnvironment:
     hop_answer: str = setting("think", choices=HOP_ANSWERS,
                               help="a completed hop's \"answer\" in the history-aware state: the generator's <think> "
                                    "text before that search (the authors' Search-R1 loop), or none (null)")
+    # HARR's generator retrieves once with the question when a trajectory never searched, so every
+    # trajectory trains the encoder (generator.py, search_r1_generate).
+    forced_retrieval: bool = setting(False, help="a training trajectory without a search gets one retrieval step: the "
+                                                 "question as the query, its top k (HARR's generator)")
 
     def __post_init__(self) -> None:
         problems = []

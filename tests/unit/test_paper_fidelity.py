@@ -47,9 +47,10 @@ def _merged(paper: Path) -> dict:
 
 
 def _prompts(text: str) -> dict[str, str]:
-    """Fenced blocks opened by ```text prompt:<name>: their lines, each ending in a newline."""
-    blocks = re.findall(r"(?ms)^```text prompt:(\S+)\n(.*?)^```$", text)
-    return {name: body for name, body in blocks}
+    """Fenced blocks opened by ```text prompt:<name>: their lines, each ending in a newline; a block
+    opened by ```text prompt:<name> no-final-newline drops its last newline (a message that has none)."""
+    blocks = re.findall(r"(?ms)^```text prompt:(\S+)( no-final-newline)?\n(.*?)^```$", text)
+    return {name: body[:-1] if strip else body for name, strip, body in blocks}
 
 
 def _cells(line: str) -> list[str]:

@@ -126,3 +126,30 @@ def test_a_question_twice_in_a_batch_keeps_two_sets_of_trajectories(world):
     assert len({id(t.steps) for t in trajs}) == 4
     stats = update(policy, index, torch.optim.SGD(policy.parameters(), lr=0.1), trajs, alpha=0.05)
     assert stats["steps"] == 4.0
+
+
+class AnsweringEngine(ScriptedEngine):
+    """Searches on odd g only; even g answer at once."""
+
+    def run(self, prompts, n=1, seed=None, sample_ids=None):
+        searching = [sid for sid in sample_ids if int(sid.split("#")[1]) % 2 == 1]
+        self.env.respond([Action("search", ("about it",)) for _ in searching], sample_ids=searching)
+        return [SimpleNamespace(answer="Paris") for _ in sample_ids]
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_trajectory_without_a_search_gets_harrs_forced_retrieval(world, forced):
+    # HARR's generator retrieves once with the question when nothing was searched: the pool's top k
+    # for an empty-history state whose query is the question, trained like any step.
+    policy, index, store = world
+    env = HistoryAwareSearchEnvironment(policy, index, store, topk=3, pool_size=8, seed=2, forced_retrieval=forced)
+    row = {"id": "q1", "question": "Capital of France?", "golden_answers": ["Paris"]}
+    trajs = rollout_groups(AnsweringEngine(env), env, [row], group_size=4, seed=0)
+    assert [len(t.steps) for t in trajs] == ([1, 1, 1, 1] if forced else [0, 1, 0, 1])
+    if forced:
+        step = trajs[0].steps[0]
+        assert step.state == ("Instruct: " + STATEFUL_RETRIEVAL_INSTRUCTION + "\n"
+                              + history_state("Capital of France?", [], "Capital of France?"))
+        assert step.order == [0, 1, 2]  # the top k, not a draw
+        torch.testing.assert_close(recompute_log_probs(policy, index, [step], 0.05).detach(),
+                                   torch.tensor([step.old_log_prob]), rtol=0, atol=1e-6)

@@ -133,6 +133,12 @@ def test_prompt_is_chat_templated(tiny):
     assert f"Q={q}<|im_end|>" in custom
     configured = _engine(tiny, ScriptedGenerator(tiny.tok, lambda c: ""), instruction="Ask: {question}")
     assert f"Ask: {q}<|im_end|>" in tiny.tok.decode(configured.prompt_ids(q))
+    # KnowRL's shape: the instruction as a system message, the question alone as the user's.
+    system = _engine(tiny, ScriptedGenerator(tiny.tok, lambda c: ""), instruction="{question}",
+                     system_prompt="Use <think> tags.\nThen <answer>.")
+    assert tiny.tok.decode(system.prompt_ids(q)) == (
+        f"<|im_start|>system\nUse <think> tags.\nThen <answer>.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n"
+        "<|im_start|>assistant\n")
 
 
 def test_gold_trajectories(tiny):

@@ -512,3 +512,12 @@ def build_instruction(question: str, template: str = DEFAULT_INSTRUCTION, max_qu
                       reserved: Iterable[str] = ()) -> str:
     """Fill `{question}` and `{max_queries}` by plain replacement (other braces are left alone)."""
     return template.replace("{max_queries}", str(max_queries)).replace("{question}", shown_question(question, reserved))
+
+
+def prompt_messages(question: str, template: str = DEFAULT_INSTRUCTION, max_queries: int = 1,
+                    reserved: Iterable[str] = (), system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The chat messages of a rollout's prompt: the filled instruction as the user turn, after a
+    system message when `system_prompt` is given (KnowRL's: its instruction as the system turn,
+    the question as the user turn)."""
+    user = {"role": "user", "content": build_instruction(question, template, max_queries, reserved)}
+    return [{"role": "system", "content": system_prompt}, user] if system_prompt is not None else [user]

@@ -53,9 +53,9 @@ from ragrl.agent.protocol import (
     OBS_SUFFIX,
     RAG_R1_JSON_OPENING,
     Action,
-    build_instruction,
     forced_answer_prompt,
     observation,
+    prompt_messages,
 )
 
 
@@ -117,9 +117,9 @@ class RolloutEngine:
             instruction = getattr(self.env, "instruction", None)
         if instruction is None:
             instruction = DEFAULT_MULTI_QUERY_INSTRUCTION if self.env.spec.multi_query else DEFAULT_INSTRUCTION
-        content = build_instruction(question, instruction, self.env.spec.max_queries, self.reserved)
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                  add_generation_prompt=True)
+        messages = prompt_messages(question, instruction, self.env.spec.max_queries, self.reserved,
+                                   self.config.system_prompt)
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         # The template already wrote any BOS; adding special tokens again would double it.
         return self._encode(text)
 

@@ -164,7 +164,7 @@ def _env(policy, world: _World, harr: HarrRecipe, *, use_history: bool, stochast
     return HistoryAwareSearchEnvironment(policy, world.index, world.passages, topk=e.topk, pool_size=e.pool_size,
                                          alpha=harr.train.alpha, use_history=use_history, instruction=e.instruction,
                                          template=e.template, stochastic=stochastic, seed=seed,
-                                         hop_answer=e.hop_answer)
+                                         hop_answer=e.hop_answer, forced_retrieval=e.forced_retrieval)
 
 
 def _rows(qa: Path, limit: int | None = None, types: Sequence[str] | None = None) -> list[dict]:

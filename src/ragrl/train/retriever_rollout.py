@@ -35,7 +35,7 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
     def __init__(self, policy: Any, index: Any, passages: Any, *, topk: int = 3, pool_size: int = 30,
                  alpha: float = 0.05, use_history: bool = True, instruction: str | None = None,
                  template: str = INSTRUCT_TEMPLATE, stochastic: bool = True, seed: int = 0,
-                 hop_answer: str = "think") -> None:
+                 hop_answer: str = "think", forced_retrieval: bool = False) -> None:
         super().__init__(retriever=self, topk=topk)  # self.search is never called: _search is overridden
         if pool_size < topk:
             raise InputError(f"pool_size={pool_size} must be >= topk={topk}: the draw takes topk from the pool")
@@ -47,6 +47,7 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         if hop_answer not in HOP_ANSWERS:
             raise InputError(f"hop_answer must be one of {HOP_ANSWERS}, got {hop_answer!r}")
         self.template, self.stochastic, self.hop_answer = template, stochastic, hop_answer
+        self.forced_retrieval = forced_retrieval
         self.generator = torch.Generator().manual_seed(seed)
         self.questions: dict[str, str] = {}
         self.history: dict[str, list[Hop]] = {}
@@ -95,6 +96,18 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
         return out
 
 
+    def force_retrieval(self, sample_ids: Sequence[str]) -> None:
+        """HARR's generator (`search_r1_generate`): a trajectory that never searched gets one
+        retrieval step, its question as the query with an empty history, the pool's top k (not
+        drawn); it trains the encoder under the trajectory's advantage like any other step."""
+        missing = [sid for sid in sample_ids if not self.steps[sid]]
+        states = [encoder_input(retrieval_state(self.questions[sid], [], self.questions[sid], use_history=self.use_history),
+                                self.query_instruction, self.template) for sid in missing]
+        for sid, step in zip(missing, retrieve(self.policy, self.index, states, pool_size=self.pool_size, k=self.topk,
+                                               alpha=self.alpha, stochastic=False)):
+            self.steps[sid].append(step)
+
+
 def sample_id(question_id: str, k: int) -> str:
     return f"{question_id}#{k}"
 
@@ -111,6 +124,8 @@ def rollout_groups(engine: Any, env: HistoryAwareSearchEnvironment, rows: Sequen
     env.begin({sid: str(r["question"]) for sid, r in zip(sids, (r for r in rows for _ in range(group_size)))})
     prompts = [engine.prompt_ids(str(r["question"])) for r in rows for _ in range(group_size)]
     runs = engine.run(prompts, n=1, seed=seed, sample_ids=sids)
+    if env.forced_retrieval:
+        env.force_retrieval(sids)
     out = []
     for i, (sid, run) in enumerate(zip(sids, runs)):
         row = rows[i // group_size]

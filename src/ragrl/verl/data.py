@@ -52,7 +52,7 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
 def write_verl_parquet(qa: Path, out: Path, recipe, tokenizer, *, split: str = "train",
                        limit: int | None = None) -> dict:
     """Write verl's parquet for the questions of `qa`; returns {rows, max_prompt_length}."""
-    from ragrl.agent.protocol import build_instruction
+    from ragrl.agent.protocol import prompt_messages
 
     rows = read_columns(qa, ["id", "question", "golden_answers"]).to_pylist()
     rows = rows[:limit] if limit else rows
@@ -62,8 +62,7 @@ def write_verl_parquet(qa: Path, out: Path, recipe, tokenizer, *, split: str = "
     reserved = tuple(getattr(tokenizer, "all_special_tokens", ()) or ())
     records, longest = [], 0
     for index, row in enumerate(rows):
-        content = build_instruction(row["question"], template, max_queries, reserved)
-        messages = [{"role": "user", "content": content}]
+        messages = prompt_messages(row["question"], template, max_queries, reserved, recipe.rollout.system_prompt)
         longest = max(longest, len(prompt_ids(tokenizer, messages)))
         records.append({
             "data_source": f"ragrl/{recipe.name}",
