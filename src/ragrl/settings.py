@@ -132,7 +132,14 @@ class RolloutConfig:
     max_turns: int = setting(4, ge=0, help="tool turns; one forced answer turn may follow")
     max_turn_tokens: int = setting(512, ge=1, help="generated tokens per turn")
     max_response_tokens: int = setting(2048, ge=1, help="generated + observation tokens")
-    max_context_tokens: int = setting(8192, ge=1, help="prompt + response")
+    max_context_tokens: int = setting(8192, ge=1, help="prompt + response (context_overflow end), or the window a turn "
+                                                       "is generated from (roll)")
+    # Search-R1's, RAG-R1's and KG-R1's loops keep generating from the context's last
+    # max_prompt_length tokens (_update_rolling_state) instead of ending the trajectory.
+    context_overflow: str = setting("end", choices=("end", "roll"),
+                                    help="a context past max_context_tokens: end the trajectory (end), or generate "
+                                         "each later turn from its last max_context_tokens tokens (roll; the "
+                                         "trajectory and its training sequence stay whole)")
     max_obs_tokens: int = setting(512, ge=1, help="one observation, closing tag kept")
     temperature: float = setting(1.0, ge=0, help="sampling temperature")
     top_p: float = setting(1.0, gt=0, le=1, help="nucleus sampling: the most likely tokens of this total probability")

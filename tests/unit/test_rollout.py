@@ -436,6 +436,31 @@ def test_observation_truncated_to_budget_keeps_closing_tag(tiny):
     assert t.finished
 
 
+@pytest.mark.parametrize("overflow", ["end", "roll"])
+def test_context_overflow_ends_or_rolls(tiny, overflow):
+    # Search-R1's loop (_update_rolling_state) keeps generating from the context's last
+    # max_prompt_length tokens; `end` stops the trajectory where the context is full.
+    contexts = []
+
+    def script(context):
+        contexts.append(tiny.tok.encode(context, add_special_tokens=False))
+        return "<think>again</think><search>Velmora founder</search>"
+
+    engine = _engine(tiny, ScriptedGenerator(tiny.tok, script), max_turns=6, max_turn_tokens=40, max_obs_tokens=120,
+                     max_context_tokens=300, max_response_tokens=1500, context_overflow=overflow)
+    (t,) = engine.run_questions([tiny.rows[0]["question"]])
+    check_mask_against_info_spans(t, tiny.tok)
+    full = len(t.prompt_ids) + len(t.response_ids)
+    if overflow == "end":
+        assert t.stop_reason == "context_limit" and full <= 300
+    else:
+        assert t.stop_reason != "context_limit" and full > 300 and t.num_searches == 6
+        sequence = t.prompt_ids + t.response_ids
+        assert all(len(c) <= 300 for c in contexts) and max(len(c) for c in contexts) == 300
+        # each window is the tail of the trajectory as it stood
+        assert all(any(sequence[i - len(c):i] == c for i in range(len(c), len(sequence) + 1)) for c in contexts)
+
+
 def test_response_and_context_bounds(tiny):
     script = lambda c: "<think>" + "la " * 12 + "</think><search>Velmar founded</search>"  # noqa: E731
     q = tiny.rows[0]["question"]

@@ -29,6 +29,9 @@ without an action is an invalid action like any other: it gets an explanatory ob
 Bounds: per turn `max_turn_tokens`; per response `max_response_tokens` (generated + observation
 tokens); per sequence `max_context_tokens` (prompt + response). A trajectory that cannot fit its
 next generation or observation ends there, with the answer it has (None unless it answered).
+With `context_overflow: roll` the context bound is a window instead, as the authors' loops keep
+it: each turn is generated from the last `max_context_tokens` tokens, and the trajectory (what
+is trained and scored) stays whole.
 """
 
 from __future__ import annotations
@@ -170,8 +173,11 @@ class RolloutEngine:
         if not gen:
             return []
         limits = [min(cfg.max_turn_tokens, budgets[id(t)][0]) for t in gen]
+        # roll: the turn is generated from the context's last max_context_tokens tokens (the
+        # authors' rolling state); the trajectory keeps all of it.
+        window = -cfg.max_context_tokens if cfg.context_overflow == "roll" else 0
         outputs = self.generator.generate(
-            [t.prompt_ids + t.response_ids for t in gen], limits, cfg.temperature, cfg.top_p, seed,
+            [(t.prompt_ids + t.response_ids)[window:] for t in gen], limits, cfg.temperature, cfg.top_p, seed,
             stop_token_ids=self.stop_token_ids, stop_strings=self.stop_strings,
         )
         if len(outputs) != len(gen):
@@ -245,6 +251,8 @@ class RolloutEngine:
     def _room(self, t: Trajectory) -> tuple[int, str]:
         """Tokens the response may still grow by, and which bound is the tighter one."""
         by_response = self.config.max_response_tokens - len(t.response_ids)
+        if self.config.context_overflow == "roll":  # the context is cut, never full
+            return by_response, "response_limit"
         by_context = self.config.max_context_tokens - len(t.prompt_ids) - len(t.response_ids)
         return (by_response, "response_limit") if by_response <= by_context else (by_context, "context_limit")
 
