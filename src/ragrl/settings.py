@@ -258,6 +258,9 @@ class RLConfig:
     batch_prompts: int = setting(8, ge=1, help="prompts per step over all processes")
     ppo_epochs: int = setting(1, ge=1, help="passes over each step's rollouts")
     num_mini_batches: int = setting(1, ge=1, help="optimizer steps per epoch")
+    shuffle_mini_batches: bool = setting(True, help="shuffle a step's rows before splitting them into mini-batches "
+                                                    "(verl's actor.shuffle); false: split in rollout order, whole "
+                                                    "groups together, as the verl forks' batch.split")
     micro_batch_size: int | None = setting(
         None, ge=1, help="sequences per forward pass (gradient accumulation); null: the whole mini-batch")
     max_grad_norm: float = setting(1.0, gt=0, help="gradient clipping norm")

@@ -372,6 +372,7 @@ def test_overrides_mapping_and_escape_hatch():
     dual = parse_recipe(dict(RECIPE, rl={**RECIPE["rl"], "clip_ratio_c": 3.0}), "r")
     assert "actor_rollout_ref.actor.clip_ratio_c=3.0" in build_overrides(dual, paths, n_prompts=8, max_prompt_length=100)
     assert kv["actor_rollout_ref.actor.optim.lr_scheduler_type"] == "constant"
+    assert kv["actor_rollout_ref.actor.shuffle"] == "true"  # RLConfig's default; the verl forks split in order
     cosine = parse_recipe(dict(RECIPE, rl={**RECIPE["rl"], "lr_scheduler": "cosine"}), "r")
     assert "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine" in build_overrides(cosine, paths, n_prompts=8,
                                                                                        max_prompt_length=100)

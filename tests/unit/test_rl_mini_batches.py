@@ -141,3 +141,16 @@ def test_clipped_tokens_get_no_gradient_and_the_others_do(step):
         free += int((mask & ~c["clipped"]).sum())
     # With lr 0.01 and a clip of 0.05 the later mini-batches leave the trust region on many tokens.
     assert clipped > 0 and free > 0, (clipped, free)
+
+
+def test_mini_batches_split_in_rollout_order_unless_shuffled():
+    # The verl forks split a step's batch in order (batch.split; verl's actor.shuffle false): whole
+    # groups in each mini-batch. Shuffled, the split is a seeded permutation.
+    from ragrl.train.rl import mini_batch_order
+
+    gen = torch.Generator().manual_seed(0)
+    in_order = RLConfig(num_mini_batches=4, shuffle_mini_batches=False)
+    assert mini_batch_order(8, in_order, gen).tolist() == list(range(8))
+    shuffled = mini_batch_order(8, RLConfig(num_mini_batches=4), torch.Generator().manual_seed(0))
+    assert sorted(shuffled.tolist()) == list(range(8)) and shuffled.tolist() != list(range(8))
+    assert mini_batch_order(8, RLConfig(num_mini_batches=1), gen).tolist() == list(range(8))

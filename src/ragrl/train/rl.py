@@ -948,6 +948,13 @@ def _train_step(accelerator, model, ref, optimizer, scheduler, prompts, rollout_
     })
 
 
+def mini_batch_order(n: int, cfg: RLConfig, gen: torch.Generator) -> torch.Tensor:
+    """The order of a step's n rows before they are split into cfg.num_mini_batches: shuffled
+    (`shuffle_mini_batches`), or as rolled out, whole groups together (verl's actor.shuffle false,
+    the verl forks' batch.split)."""
+    return torch.randperm(n, generator=gen) if cfg.num_mini_batches > 1 and cfg.shuffle_mini_batches else torch.arange(n)
+
+
 def _shuffle_generator(cfg: RLConfig, step: int, rank: int) -> torch.Generator:
     # Mini-batch shuffling is seeded by (seed, step, rank) rather than the global RNG so that it
     # does not perturb the sampling stream of the rollouts; the critic's update and the policy's
@@ -978,8 +985,7 @@ def _update(accelerator, model, optimizer, cfg: RLConfig, step: int, batch, adva
     kl_coef = 0.0 if cfg.use_kl_in_reward else cfg.kl_coef
     losses, grad_norms, clip_fracs = [], [], []
     for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(n, generator=gen) if cfg.num_mini_batches > 1 else torch.arange(n)
-        for mini_rows in order.tensor_split(cfg.num_mini_batches):
+        for mini_rows in mini_batch_order(n, cfg, gen).tensor_split(cfg.num_mini_batches):
             mask_mb = batch["loss_mask"][mini_rows]
             denominator = _per_process_denominator(
                 accelerator, default_denominator(mask_mb, cfg.loss_agg, cfg.max_response_len)
@@ -1040,8 +1046,7 @@ def _update_critic(accelerator, critic, optimizer, cfg: RLConfig, step: int, bat
     n = returns.shape[0]
     losses, grad_norms, clip_fracs = [], [], []
     for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(n, generator=gen) if cfg.num_mini_batches > 1 else torch.arange(n)
-        for mini_rows in order.tensor_split(cfg.num_mini_batches):
+        for mini_rows in mini_batch_order(n, cfg, gen).tensor_split(cfg.num_mini_batches):
             loss, clip_frac, norm = _critic_mini_batch(accelerator, critic, optimizer, cfg, batch, old_values, returns,
                                                        mini_rows, n_micro)
             losses.append(loss)

@@ -12,6 +12,7 @@ cannot honour are refused with the reason instead of being dropped silently:
     batch_prompts            data.train_batch_size (prompts per step, as here)
     num_mini_batches         actor.ppo_mini_batch_size = batch_prompts / num_mini_batches (prompts)
     ppo_epochs               actor.ppo_epochs
+    shuffle_mini_batches     actor.shuffle
     micro_batch_size         actor.ppo_micro_batch_size_per_gpu (+ the log-prob passes); None:
                              verl's dynamic batch size (tokens per GPU)
     clip_eps, clip_eps_high  actor.clip_ratio_low, actor.clip_ratio_high
@@ -158,6 +159,7 @@ def build_overrides(recipe, paths: VerlPaths, *, n_prompts: int, max_prompt_leng
         f"{actor}.optim.clip_grad": cfg.max_grad_norm,
         f"{actor}.ppo_mini_batch_size": cfg.batch_prompts // cfg.num_mini_batches,
         f"{actor}.ppo_epochs": cfg.ppo_epochs,
+        f"{actor}.shuffle": cfg.shuffle_mini_batches,
         f"{actor}.clip_ratio_low": cfg.clip_eps,
         f"{actor}.clip_ratio_high": cfg.clip_high,
         f"{actor}.clip_ratio_c": NO_DUAL_CLIP if cfg.clip_ratio_c is None else cfg.clip_ratio_c,
