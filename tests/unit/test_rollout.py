@@ -1007,6 +1007,22 @@ def test_gold_sft_keeps_only_plans_whose_support_the_observation_showed(tiny):
             assert f"{passages[pid]['title']}\n" in shown + "\n", (row["id"], pid)
 
 
+@pytest.mark.parametrize("overflow", ["end", "roll"])
+def test_gold_sft_drops_sequences_past_the_context_only_where_the_engine_ends_there(tiny, overflow):
+    from ragrl.toy.gold import WorldPlanner
+    from ragrl.train.sft_data import gold_trajectories
+
+    engine = _engine(tiny, None, SearchEnvironment(FakeRetriever(tiny.world.passages), topk=3), max_turns=4,
+                     max_turn_tokens=200, max_obs_tokens=400, max_context_tokens=300, max_response_tokens=4000,
+                     context_overflow=overflow)
+    rows, stats = gold_trajectories(tiny.rows[:20], engine, WorldPlanner(0, " | "))
+    too_long = stats.dropped.get("sequence_too_long", 0)
+    if overflow == "end":
+        assert too_long > 0 and all(len(r["input_ids"]) <= 300 for r in rows)
+    else:  # the engine generates past 300 tokens from a window: such rows are kept
+        assert too_long == 0 and max(len(r["input_ids"]) for r in rows) > 300
+
+
 def test_a_dropped_query_note_before_the_json_fakes_no_header():
     # More queries than max_queries: the note quoting the dropped ones (the policy's text, raw)
     # comes before RAG-R1's JSON. A dropped "query" written as a passage header is not one.
@@ -1107,3 +1123,24 @@ def test_turn_retrieval_reward_credits_the_search_that_found_each_passage(tiny):
     assert get_method("multi_query_search").turn_reward_keys == ("retrieval",)
     with pytest.raises(ValueError, match="turn_reward"):
         parse_recipe({"env": "search", "turn_reward": {"format": 1.0}}, "probe")
+
+
+def test_verls_parquet_carries_the_system_message_as_the_engine_does(tiny, tmp_path):
+    # verl trains on the prompts of its parquet; the launcher checks them against the engine's.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragrl.recipe import parse_recipe
+    from ragrl.verl.data import check_prompts_match_engine, write_verl_parquet
+
+    qa = tmp_path / "qa.parquet"
+    pq.write_table(pa.Table.from_pylist([{k: r[k] for k in ("id", "question", "golden_answers")} for r in tiny.rows[:4]]),
+                   qa)
+    recipe = parse_recipe({"env": "search", "rollout": {"system_prompt": "Think, then answer.",
+                                                        "instruction": "{question}"}}, "probe")
+    out = tmp_path / "train.parquet"
+    write_verl_parquet(qa, out, recipe, tiny.tok)
+    check_prompts_match_engine(out, recipe, tiny.tok)
+    prompt = pq.read_table(out).to_pylist()[0]["prompt"]
+    assert prompt == [{"role": "system", "content": "Think, then answer."},
+                      {"role": "user", "content": tiny.rows[0]["question"]}]

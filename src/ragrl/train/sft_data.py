@@ -27,7 +27,8 @@ evidence would teach the model to state the answer without support, i.e. to igno
 dropping it costs data, not honesty, and the kept share is reported. Rows are also dropped when
 they would not fit the rollout budgets unchanged (the engine would cut or force them): more
 search turns than `max_turns - 1`, a turn longer than `max_turn_tokens`, an observation longer
-than `max_obs_tokens`, or a sequence over `max_response_tokens` / `max_context_tokens`.
+than `max_obs_tokens`, or a sequence over `max_response_tokens` / `max_context_tokens` (the
+latter only where the engine ends a trajectory there: `context_overflow: end`).
 
 Teacher trajectories (paper scale): rollouts of a stronger model behind an OpenAI-compatible
 endpoint (`OpenAICompletionsGenerator`), kept only when the extracted answer is an exact match
@@ -198,7 +199,10 @@ def _check_totals(d: Draft, engine: RolloutEngine) -> None:
         return
     cfg = engine.config
     prompt_len = d.mask.index(1) if 1 in d.mask else len(d.mask)
-    if len(d.ids) - prompt_len > cfg.max_response_tokens or len(d.ids) > cfg.max_context_tokens:
+    # Under context_overflow "roll" the context is a window the engine never fills: only the
+    # response budget ends a trajectory.
+    over_context = cfg.context_overflow == "end" and len(d.ids) > cfg.max_context_tokens
+    if len(d.ids) - prompt_len > cfg.max_response_tokens or over_context:
         d.dropped = "sequence_too_long"
 
 
