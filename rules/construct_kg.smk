@@ -21,6 +21,7 @@ rule construct_kg:
         batch=lambda wc: GRAPHS.settings().get("batch_size", 16),
         tokens=lambda wc: GRAPHS.settings().get("max_turn_tokens", 256),
         limit=lambda wc: GRAPHS.settings().get("limit") or 0,  # 0: every passage
+        system=lambda wc: GRAPHS.settings().get("system_prompt") or "",  # "": ragrl's
     log:
         "logs/construct_kg/{constructor}.log",
     benchmark:
@@ -33,7 +34,7 @@ rule construct_kg:
     shell:
         "python -m ragrl construct-kg --passages {input.passages:q} --model {params.model:q} --out {params.out:q}"
         " --work {params.work:q} --batch-size {params.batch:q} --max-turn-tokens {params.tokens:q}"
-        " --limit {params.limit:q} > {log:q} 2>&1"
+        " --limit {params.limit:q} --system-prompt {params.system:q} > {log:q} 2>&1"
 
 
 # The benchmark: each graph (constructors' KGs, gold KGs) as a passage index. The PPR retriever

@@ -260,6 +260,14 @@ def test_gold_sft_through_the_method(tiny, tmp_path):
     assert len(first["input_ids"]) == len(first["assistant_masks"])
     trained = tiny.tok.decode([i for i, m in zip(first["input_ids"], first["assistant_masks"]) if m])
     assert trained.startswith('[{"subject": ') and trained.endswith("<|im_end|>")
+    # options.system_prompt is the message the gold rows are written under (AutoGraph-R1's own).
+    told = parse_recipe({"env": "graph_constructor", "options": {
+        "reward": "carrier", "gold_triples": str(tiny.root / "world/kg/B/triples.parquet"),
+        "system_prompt": "Triples only."}}, "ag")
+    method.gold_sft(told, qa, tiny.model_dir, method.make_environment(told, {"retriever": Passages()}), {},
+                    tmp_path / "told.parquet")
+    texts = [r["text"] for r in pq.read_table(tmp_path / "told.parquet").to_pylist()]
+    assert texts and all(t.startswith("<|im_start|>system\nTriples only.<|im_end|>") for t in texts)
 
 
 # --------------------------------------------------------------------------- construct-kg
@@ -637,3 +645,37 @@ def test_grpo_on_r_i_makes_a_well_formed_graph_likelier_than_a_cut_one_on_held_o
     # Measured: +1.07 to +1.92 nats on each held-out episode; with the advantage's sign flipped
     # -0.78 to -1.49, with the loss on the document tokens instead of the constructor's -0.31 to -0.14.
     assert min(gains) > 0.5, (before, after)
+
+
+def test_the_constructor_system_prompt_reaches_rollouts_sft_and_construct_kg(tiny, tmp_path):
+    # AutoGraph-R1's paper config sets their DEFAULT_SYSTEM_CONTENT: the RL and evaluation episodes,
+    # the gold SFT rows and the corpus-wide construction must all show the model that message.
+    from ragrl.kg.construct import ConstructSettings, construct_kg
+    from ragrl.kg.constructor import constructor_system_prompt
+    from ragrl.methods.graph_constructor import ConstructorEngine, ConstructorEnvironment, GraphConstructorOptions
+
+    system = "You build graphs.  \nJSON only."
+    seen = []
+
+    class Recording(ScriptedGenerator):
+        def generate(self, batch_token_ids, *args, **kwargs):
+            seen.extend(self.tok.decode(ids) for ids in batch_token_ids)
+            return super().generate(batch_token_ids, *args, **kwargs)
+
+    def engine(prompt):
+        env = ConstructorEnvironment(GraphConstructorOptions(system_prompt=prompt))
+        cfg = SimpleNamespace(seed=0, max_turn_tokens=64, max_response_tokens=512, temperature=0.0, top_p=1.0)
+        return ConstructorEngine(Recording(tiny.tok, _gold_script(tiny)), tiny.tok, env, cfg)
+
+    for prompt, want in ((system, system), (None, constructor_system_prompt())):
+        seen.clear()
+        engine(prompt).rollout.run(tiny.episodes[:1], n=1, seed=0)
+        assert seen and all(f"<|im_start|>system\n{want}<|im_end|>" in s for s in seen)
+
+    # construct-kg with the same message (its work-dir definition names it; without, it is as before)
+    docs = {p["title"]: p["id"] for p in tiny.world.passages[:4]}
+    seen.clear()
+    construct_kg(tiny.root / "world/passages.parquet", tiny.model_dir, tmp_path / "kg", tmp_path / "work",
+                 Recording(tiny.tok, lambda title, k: triples_json(tiny.gold.get(docs[title], []))), tiny.tok,
+                 ConstructSettings(batch_size=4, limit=4, system_prompt=system))
+    assert len(seen) == 4 and all(f"<|im_start|>system\n{system}<|im_end|>" in s for s in seen)

@@ -18,7 +18,8 @@ def _cmd_construct_kg(args: argparse.Namespace) -> None:
     from ragrl.kg.construct import ConstructSettings, construct_kg_stage
 
     settings = ConstructSettings(batch_size=args.batch_size, max_turn_tokens=args.max_turn_tokens,
-                                 temperature=args.temperature, limit=args.limit or None, seed=args.seed)
+                                 temperature=args.temperature, limit=args.limit or None, seed=args.seed,
+                                 system_prompt=args.system_prompt or None)
     hold_work_dir(args.work, "construct-kg")
     construct_kg_stage(args.passages, args.model, args.out, args.work, settings, base_url=args.base_url,
                        served_name=args.served_name)
@@ -60,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--limit", type=int, help="only the first N passages (0: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system-prompt", default="",
+                   help="the constructor's system message (default, or empty: ragrl's; AutoGraph-R1's own is "
+                        "their DEFAULT_SYSTEM_CONTENT)")
     p.set_defaults(func=_cmd_construct_kg)
 
     p = sub.add_parser("graph-rank", help="rank a corpus' passages for each question with the PPR retriever over "

@@ -42,6 +42,7 @@ class ConstructSettings:
     allow_empty: bool = True  # a passage with nothing to extract adds no triples, it is no error here
     limit: int | None = None
     seed: int = 0
+    system_prompt: str | None = None  # None: ragrl's constructor prompt (ragrl/kg/prompts)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_turn_tokens < 1:
@@ -68,9 +69,11 @@ def construct_kg(passages: str | Path, model: str | Path, out: str | Path, work:
     work = Path(work)
     # Parts decoded by another server (or in process) are another model's output. Only a served run
     # adds the key, so the work of in-process runs keeps the fingerprint it had.
-    definition = {"construct": asdict(settings), **({"endpoint": dict(endpoint)} if endpoint else {})}
+    # Likewise a system prompt: the work of runs with ragrl's own keeps its fingerprint.
+    construct = {k: v for k, v in asdict(settings).items() if not (k == "system_prompt" and v is None)}
+    definition = {"construct": construct, **({"endpoint": dict(endpoint)} if endpoint else {})}
     prepare_work_dir(work, definition, {"passages": passages, "model": model}, tag="construct-kg")
-    frame = ChatFrame(tokenizer)
+    frame = ChatFrame(tokenizer, settings.system_prompt)
     stops = [frame.eos_id] if frame.eos_id is not None else []
     batches = [docs[i:i + settings.batch_size] for i in range(0, len(docs), settings.batch_size)]
     todo = [b for b in range(len(batches)) if not _part(work, b).exists()]

@@ -53,6 +53,8 @@ class GraphConstructorOptions:
     # (AutoGraph-R1's main scripts: triple_repetition_penalty=0.0).
     repetition_penalty: float = 1.0
     judge: str = "connectivity"
+    # The constructor's system message; None: ragrl's (ragrl/kg/prompts/autograph_constructor_system.txt).
+    system_prompt: str | None = None
     # judge "openai": {model, base_url?, serve?, api_key_env?} (ragrl.serving): an external
     # endpoint, or a vLLM server the RL and evaluation jobs start for it (AutoGraph-R1's judge).
     judge_endpoint: dict = field(default_factory=dict)
@@ -216,7 +218,8 @@ class ConstructorEngine:
         self.seed = cfg.seed
         self.rollout = ConstructorRollout(generator, tokenizer, max_turn_tokens=cfg.max_turn_tokens,
                                           max_response_tokens=cfg.max_response_tokens, temperature=cfg.temperature,
-                                          top_p=cfg.top_p, allow_empty=env.options.allow_empty)
+                                          top_p=cfg.top_p, allow_empty=env.options.allow_empty,
+                                          system=env.options.system_prompt)
 
     def run_rows(self, rows: Sequence[dict], n: int | None = None, seed: int | None = None):
         return self.rollout.run(self.env.episodes(rows), n=n or 1, seed=self.seed if seed is None else seed)
@@ -280,7 +283,7 @@ def gold_sft(recipe, qa, policy, env, backends, out, limit=None) -> dict:
         raise InputError(f"recipe {recipe.name!r}: gold constructor SFT needs options.gold_triples "
                          "(a triples parquet with source_id, e.g. the world's kg/B/triples.parquet)")
     gold = gold_triples_by_passage(pq.read_table(options.gold_triples).to_pylist())
-    frame = ChatFrame(transformers.AutoTokenizer.from_pretrained(policy))
+    frame = ChatFrame(transformers.AutoTokenizer.from_pretrained(policy), options.system_prompt)
     stats = SFTDataStats("gold")
     rows = []
     episodes = env.episodes(read_qa_rows(qa, limit))

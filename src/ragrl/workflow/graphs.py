@@ -98,6 +98,8 @@ class GraphPlan(PipelinePlan):
             return {"gold": s["gold"][graph]}
         spec = s["constructors"][graph]
         settings = {k: s.get(k) for k in BUILD_KEYS}
+        if s.get("system_prompt") is not None:  # absent: the definition stays as it was
+            settings["system_prompt"] = s["system_prompt"]
         if isinstance(spec, dict):
             return {"run": self.workflow.run_definition(spec["run"]), **settings}
         return {"model": self.workflow.config["models"]["policy"] if spec == "policy" else spec, **settings}
