@@ -117,3 +117,14 @@ def test_python_dash_m_gives_one_line_and_ragrl_debug_the_traceback(tmp_path):
     assert plain.returncode == 2 and plain.stderr.strip() == MESSAGE
     debug = subprocess.run(argv, capture_output=True, text=True, env={**env, "RAGRL_DEBUG": "1"})
     assert debug.returncode == 2 and "Traceback" in debug.stderr and debug.stderr.rstrip().endswith(MESSAGE)
+
+
+def test_construct_kg_takes_a_bare_system_prompt_flag():
+    # rules/construct_kg.smk passes --system-prompt {params.system:q}; Snakemake quotes an empty
+    # string as nothing, so the default run's command ends in a bare flag.
+    from ragrl.cli import build_parser
+
+    base = ["construct-kg", "--passages", "p", "--model", "m", "--out", "o", "--work", "w"]
+    assert build_parser().parse_args([*base, "--system-prompt"]).system_prompt == ""
+    assert build_parser().parse_args(base).system_prompt == ""
+    assert build_parser().parse_args([*base, "--system-prompt", "Be brief.\nJSON."]).system_prompt == "Be brief.\nJSON."

@@ -61,8 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--limit", type=int, help="only the first N passages (0: all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--system-prompt", default="",
-                   help="the constructor's system message (default, or empty: ragrl's; AutoGraph-R1's own is "
+    # nargs "?": the workflow passes the flag with an empty value for ragrl's prompt, and Snakemake
+    # quotes an empty string as nothing at all.
+    p.add_argument("--system-prompt", nargs="?", const="", default="",
+                   help="the constructor's system message (absent or empty: ragrl's; AutoGraph-R1's own is "
                         "their DEFAULT_SYSTEM_CONTENT)")
     p.set_defaults(func=_cmd_construct_kg)
 
