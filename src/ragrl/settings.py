@@ -155,6 +155,12 @@ class RolloutConfig:
         None, help="a system message before the user turn (the instruction then holds what the user turn says, "
                    "e.g. \"{question}\": KnowRL's prompt); null: the user turn alone")
 
+    @property
+    def context_limit(self) -> int | None:
+        """The sequence length at which a trajectory ends (prompt + response), or None under
+        `context_overflow: roll`, where the context is a window and only the response budget ends it."""
+        return self.max_context_tokens if self.context_overflow == "end" else None
+
     def __post_init__(self) -> None:
         # A prefilled <answer> is what exempts the last turn from <think> (the turn record's
         # after_notice); without the notice that turn would fail every format check.

@@ -75,10 +75,16 @@ class SearchEnvironment:
         self.topk = topk
         self.spec = self._make_spec()
         self.last_search_s = 0.0  # wall time of the latest retriever call (0 when none was needed)
-        # per action of the latest respond: (id, title, rank in its query's list) of each passage shown
-        self.last_hits: list[list[tuple[str, str, int]]] = []
         # per action of the latest respond, per query: the hits its observation showed
         self.last_shown: list[list[list[dict]]] = []
+
+    @property
+    def last_hits(self) -> list[list[tuple[str, str, int]]]:
+        """Per action of the latest respond: (id, title, rank in its query's list) of each passage
+        shown, for the turn record (a retrieval reward reads what the environment returned, never
+        the policy's text)."""
+        return [[(str(h.get("id", "")), str(h.get("title") or ""), rank) for per_query in shown
+                 for rank, h in enumerate(per_query, 1)] for shown in self.last_shown]
 
     def _make_spec(self) -> ActionSpec:
         return ActionSpec(actions=("search", "answer"))
@@ -99,25 +105,21 @@ class SearchEnvironment:
         query_ids = [sid for a, sid in zip(actions, ids) if a.kind == "search" for _ in a.queries]
         results = self._search(queries, query_ids) if queries else []
         out: list[str | None] = []
-        # Which passages each action's observation holds (id, title, rank), for the turn record: a
-        # retrieval reward reads what the environment returned, never the policy's text.
-        self.last_hits, self.last_shown = [], []
+        self.last_shown = []
         cursor = 0
         for action in actions:
-            hits = results[cursor : cursor + len(action.queries)] if action.kind == "search" else []
-            shown = hits
+            shown: list[list[dict]] = []
             if action.kind == "answer":
                 out.append(None)
             elif action.kind == "search":
+                hits = results[cursor : cursor + len(action.queries)]
                 cursor += len(action.queries)
                 text, shown = self._render(action, hits, reserved)
                 out.append(text)
-            self.last_shown.append(shown)
-            self.last_hits.append([(str(h.get("id", "")), str(h.get("title") or ""), rank) for per_query in shown
-                                   for rank, h in enumerate(per_query, 1)])
-            if action.kind not in ("answer", "search"):
+            else:
                 out.append(invalid_message(action.error if action.kind == "invalid" else
                                            f"<{action.kind}> is not available here.", self.spec, reserved))
+            self.last_shown.append(shown)
         return out
 
     def _render(self, action: Action, hits: list[list[dict]],

@@ -251,9 +251,9 @@ class RolloutEngine:
     def _room(self, t: Trajectory) -> tuple[int, str]:
         """Tokens the response may still grow by, and which bound is the tighter one."""
         by_response = self.config.max_response_tokens - len(t.response_ids)
-        if self.config.context_overflow == "roll":  # the context is cut, never full
+        if self.config.context_limit is None:  # roll: the context is cut, never full
             return by_response, "response_limit"
-        by_context = self.config.max_context_tokens - len(t.prompt_ids) - len(t.response_ids)
+        by_context = self.config.context_limit - len(t.prompt_ids) - len(t.response_ids)
         return (by_response, "response_limit") if by_response <= by_context else (by_context, "context_limit")
 
     def _cut(self, ids: Sequence[int], limit: int) -> list[int]:

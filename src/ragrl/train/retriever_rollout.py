@@ -95,7 +95,6 @@ class HistoryAwareSearchEnvironment(SearchEnvironment):
                         for (pid, title, text), j in zip(rows, step.order)])
         return out
 
-
     def force_retrieval(self, sample_ids: Sequence[str]) -> None:
         """HARR's generator (`search_r1_generate`): a trajectory that never searched gets one
         retrieval step, its question as the query with an empty history, the pool's top k (not

@@ -199,9 +199,7 @@ def _check_totals(d: Draft, engine: RolloutEngine) -> None:
         return
     cfg = engine.config
     prompt_len = d.mask.index(1) if 1 in d.mask else len(d.mask)
-    # Under context_overflow "roll" the context is a window the engine never fills: only the
-    # response budget ends a trajectory.
-    over_context = cfg.context_overflow == "end" and len(d.ids) > cfg.max_context_tokens
+    over_context = cfg.context_limit is not None and len(d.ids) > cfg.context_limit
     if len(d.ids) - prompt_len > cfg.max_response_tokens or over_context:
         d.dropped = "sequence_too_long"
 

@@ -146,9 +146,8 @@ def import_sft_stage(path: str | Path, fmt: str, model_dir: str | Path, out: str
         stats.total = stats.kept = len(rows)
     elif fmt == "chat_json":
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-        # A conversation longer than the context the engine ends trajectories at (not a rolling window).
-        max_len = (rollout_cfg.max_context_tokens
-                   if rollout_cfg is not None and rollout_cfg.context_overflow == "end" else None)
+        # A conversation longer than the context the engine ends trajectories at (none under roll).
+        max_len = rollout_cfg.context_limit if rollout_cfg is not None else None
         rows = []
         for n, (where, record) in enumerate(read_chat_records(path)):
             if limit is not None and n >= limit:
