@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import string
 import time
 
 import pytest
@@ -45,6 +46,21 @@ def test_exact_match():
     assert exact_match("x", []) == 0.0
 
 
+def test_a_gold_that_normalises_to_nothing_is_not_matched_by_every_empty_answer():
+    # TriviaQA's "The The" is a band. Under plain SQuAD normalisation both it and "the", "a." or ""
+    # normalise to "", so any article-only answer scored 1: a reward a policy learns to collect.
+    for answer in ("", "the", "a.", "An"):
+        assert exact_match(answer, ["The The"]) == 0.0
+        assert cover_exact_match(answer, ["The The"]) == 0.0
+    assert f1("a.", ["The The"]) == f1("", ["The The"]) == 0.0
+    assert f1("the", ["The The"]) == pytest.approx(2 / 3)  # one of its two tokens, not 1
+    assert exact_match("the the", ["The The"]) == 1.0
+    assert exact_match("The The!", ["The The"]) == 1.0
+    assert f1("The The band", ["The The"]) == pytest.approx(0.8)  # [the, the, band] vs [the, the]
+    assert exact_match("", ["?"]) == 0.0  # a gold that is nothing either way matches nothing
+    assert exact_match("the", ["The The", "the"]) == 1.0  # the second gold is "the" itself
+
+
 def test_f1_hand_computed():
     # "the cat sat" -> [cat, sat]; "a cat sat down" -> [cat, sat, down]; 2 common tokens.
     # precision 2/2, recall 2/3, F1 = 2 * 1 * (2/3) / (1 + 2/3) = 0.8
@@ -54,7 +70,7 @@ def test_f1_hand_computed():
     # best gold counts: vs "dog" 0, vs "cat sat" 1
     assert f1("cat sat", ["dog", "cat sat"]) == 1.0
     assert f1("dog", ["cat"]) == 0.0
-    assert f1("the", ["a"]) == 1.0  # SQuAD: both normalise to nothing
+    assert f1("the", ["a"]) == 0.0  # both normalise to nothing: compared with their articles kept
     assert f1("", ["cat"]) == 0.0
     assert f1(None, ["cat"]) == 0.0
 
@@ -64,7 +80,9 @@ def test_cover_exact_match():
     assert cover_exact_match("in 1974", ["1974"]) == 1.0
     assert cover_exact_match("19745", ["1974"]) == 1.0  # character level, as in Search-R1
     assert cover_exact_match("Lyon", ["Paris"]) == 0.0
-    assert cover_exact_match("anything", ["the"]) == 0.0  # an empty normalised gold covers nothing
+    assert cover_exact_match("anything", ["the"]) == 0.0
+    assert cover_exact_match("it is The The", ["The The"]) == 1.0  # compared with its articles kept
+    assert cover_exact_match("anything", ["?!"]) == 0.0  # nothing either way: covers nothing
     assert cover_exact_match(None, ["x"]) == 0.0
 
 
@@ -166,6 +184,7 @@ def test_composite_reward():
 
 # --- properties ----------------------------------------------------------------------------------
 
+_NO_PUNCT = str.maketrans("", "", string.punctuation)
 _answers = st.text(alphabet=st.sampled_from(list("abc the,.!A ")), max_size=20) | st.text(max_size=20)
 
 
@@ -185,8 +204,10 @@ def test_metric_properties(pred, golds):
 @given(_answers, _answers)
 def test_single_gold_symmetry_and_self_match(a, b):
     assert exact_match(a, [b]) == exact_match(b, [a])
-    assert f1(a, [b]) == pytest.approx(f1(b, [a]))
-    assert exact_match(a, [a]) == 1.0 and f1(a, [a]) == 1.0
+    if normalize_answer(a) and normalize_answer(b):  # else one side is compared with its articles
+        assert f1(a, [b]) == pytest.approx(f1(b, [a]))
+    # self-match, unless the answer is nothing but punctuation and space (it matches nothing)
+    assert exact_match(a, [a]) == f1(a, [a]) == float(bool(a.translate(_NO_PUNCT).split()))
     assume(normalize_answer(a))
     assert cover_exact_match(a, [a]) == 1.0
 

@@ -2,7 +2,9 @@
 
 Metrics follow the SQuAD evaluation script (normalisation, exact match, token F1) and the "cover"
 exact match of Search-R1 / FlashRAG (a normalised gold answer occurs in the normalised
-prediction). A missing prediction (None) scores 0 everywhere.
+prediction), with one departure: a gold that normalises to nothing ("The The") is compared with its
+articles kept, where SQuAD's script matches it with any empty answer. A missing prediction (None)
+scores 0 everywhere.
 """
 
 from __future__ import annotations
@@ -41,11 +43,26 @@ def normalize_answer(s: str) -> str:
     return " ".join(s.split())
 
 
+def _keep_articles(s: str) -> str:
+    return " ".join("".join(ch for ch in s.lower() if ch not in _PUNCT).split())
+
+
+def _compared(pred: str, gold: str) -> tuple[str, str] | None:
+    """The prediction and gold as the metrics compare them: both SQuAD-normalised, or, for a gold
+    that normalises to nothing ("The The", "A"), both with their articles kept, so that "the the"
+    matches it and an empty or article-only answer does not (under plain SQuAD it matches every
+    such answer: a reward a policy finds). None when the gold is nothing either way ("?")."""
+    if g := normalize_answer(gold):
+        return normalize_answer(pred), g
+    if g := _keep_articles(gold):
+        return _keep_articles(pred), g
+    return None
+
+
 def exact_match(pred: str | None, golds: str | Iterable[str]) -> float:
     if pred is None:
         return 0.0
-    p = normalize_answer(pred)
-    return float(any(p == normalize_answer(g) for g in _golds(golds)))
+    return float(any(c is not None and c[0] == c[1] for c in (_compared(pred, g) for g in _golds(golds))))
 
 
 def f1(pred: str | None, golds: str | Iterable[str]) -> float:
@@ -56,9 +73,9 @@ def f1(pred: str | None, golds: str | Iterable[str]) -> float:
 
 
 def _f1_one(pred: str, gold: str) -> float:
-    p, g = normalize_answer(pred).split(), normalize_answer(gold).split()
-    if not p or not g:
-        return float(p == g)  # SQuAD: both empty is a match, one empty is not
+    if (c := _compared(pred, gold)) is None:
+        return 0.0
+    p, g = c[0].split(), c[1].split()
     common = sum((Counter(p) & Counter(g)).values())
     if common == 0:
         return 0.0
@@ -70,12 +87,11 @@ def cover_exact_match(pred: str | None, golds: str | Iterable[str]) -> float:
     """1.0 if some normalised gold is a substring of the normalised prediction.
 
     Character-level, as in Search-R1's `subem`: gold "1974" covers "in 1974" and also "19745";
-    golds that normalise to "" are skipped (they would cover everything).
+    a gold that normalises to nothing is compared with its articles kept, as in `exact_match`.
     """
     if pred is None:
         return 0.0
-    p = normalize_answer(pred)
-    return float(any((g := normalize_answer(x)) and g in p for x in _golds(golds)))
+    return float(any(c is not None and c[1] in c[0] for c in (_compared(pred, g) for g in _golds(golds))))
 
 
 def strip_observations(text: str) -> str:
