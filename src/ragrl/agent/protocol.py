@@ -59,7 +59,6 @@ TURN_LIMIT_NOTICE = "Turn limit reached. Give your final answer now."
 _TAG_RE = re.compile("|".join(re.escape(t) for t in sorted(PROTOCOL_TAGS, key=len, reverse=True)))
 _CLOSING_RE = re.compile("|".join(re.escape(t) for t in CLOSING_ACTION_TAGS))
 # HARR's authors take the last match of this pattern in the turn (generator.py, _cur_response_pattern).
-_THINK_RE = re.compile(re.escape(THINK_OPEN) + "(.*?)" + re.escape(THINK_CLOSE), re.DOTALL)
 # Anything tag-shaped that is not ours: reported when a turn has no action, since a model that
 # writes <query>…</query> deserves a more useful hint than "no action".
 _ANY_TAG_RE = re.compile(r"</?([A-Za-z][A-Za-z0-9_-]{0,30})>")
@@ -162,7 +161,7 @@ def _parse(text: str, spec: ActionSpec) -> Action:
         return _invalid(f"<{name}> is not available here.", overshoot)
     if name == "answer":
         return Action("answer", answer=contents[0].strip(), overshoot=overshoot)
-    thinks = _THINK_RE.findall(prefix)
+    thinks = split_blocks(prefix, THINK_OPEN, THINK_CLOSE)[1::2]
     return _query_action(name, contents, spec, overshoot, thinks[-1] if thinks else None)
 
 
@@ -446,21 +445,26 @@ def parse_turns(response_text: str) -> list[TurnRecord]:
 
 
 def split_information(text: str) -> list[str]:
-    """[turn, info, turn, info, ..., turn]: `text` split at its <information>…</information> blocks.
+    """[turn, info, turn, info, ..., turn]: `text` split at its <information>…</information> blocks."""
+    return split_blocks(text, INFO_OPEN, INFO_CLOSE)
 
-    The same pairing as the regex `<information>(.*?)</information>` (each opening tag with the
-    next closing tag), but linear: the regex restarts its search for a closing tag at every
-    unclosed opening tag, which is quadratic (52 s for 20,000 of them). Once no closing tag
-    follows an opening tag, none follows any later one either, so the scan stops there.
+
+def split_blocks(text: str, open_tag: str, close_tag: str) -> list[str]:
+    """[outside, inside, outside, ..., outside]: `text` split at its open_tag…close_tag blocks.
+
+    The same pairing as the regex `<x>(.*?)</x>` (each opening tag with the next closing tag), but
+    linear: the regex restarts its search for a closing tag at every unclosed opening tag, which
+    is quadratic in text a policy writes (52 s for 20,000 of them). Once no closing tag follows an
+    opening tag, none follows any later one either, so the scan stops there.
     """
     pieces: list[str] = []
     pos = 0
-    while (start := text.find(INFO_OPEN, pos)) >= 0:
-        end = text.find(INFO_CLOSE, start + len(INFO_OPEN))
+    while (start := text.find(open_tag, pos)) >= 0:
+        end = text.find(close_tag, start + len(open_tag))
         if end < 0:
             break
-        pieces += [text[pos:start], text[start + len(INFO_OPEN) : end]]
-        pos = end + len(INFO_CLOSE)
+        pieces += [text[pos:start], text[start + len(open_tag) : end]]
+        pos = end + len(close_tag)
     pieces.append(text[pos:])
     return pieces
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from ragrl.agent.protocol import split_blocks
 from ragrl.errors import InputError, RagrlError
 from ragrl.factscore.core import FactScorer, FactVerdict
 from ragrl.replies import DEAD_RUN, ReplyTally
@@ -139,8 +140,8 @@ def parse_grade(reply: str) -> str:
     """KnowRL's reading of the judge (correct_reward.py): inside <ANSWER>…</ANSWER> if present,
     else the whole reply; CORRECT/A before INCORRECT/B before NOT_ATTEMPTED/C; else unparsed."""
     text = (reply or "").strip().upper()
-    tagged = re.search(r"<ANSWER>(.*?)</ANSWER>", text, re.DOTALL)
-    for part in ([tagged.group(1).strip()] if tagged else []) + [text]:
+    tagged = split_blocks(text, "<ANSWER>", "</ANSWER>")[1:2]
+    for part in [t.strip() for t in tagged] + [text]:
         for grade, pattern in (("correct", _CORRECT), ("incorrect", _INCORRECT), ("not_attempted", _NOT_ATTEMPTED)):
             if pattern.search(part):
                 return grade

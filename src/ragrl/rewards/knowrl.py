@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from ragrl.agent.protocol import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, split_blocks
 from ragrl.errors import InputError
 from ragrl.rewards.qa import exact_match, normalize_answer
 
@@ -37,8 +38,6 @@ _TAG = r"</?(?:think|answer|search|information|kg-query)>"
 # its first character went unchecked, so "<think></think></think><answer>…" passed.)
 _PART = rf"(?:(?!{_TAG})[\s\S])*"
 _FORMAT = re.compile(rf"<think>({_PART})</think>\s*<answer>({_PART})</answer>")
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 # What SimpleQA's grader calls NOT_ATTEMPTED when the model says so itself, after SQuAD
 # normalisation (lowercase, no punctuation or articles): KnowRL's prompt asks for "I don't know".
@@ -69,13 +68,13 @@ def think_text(completion, think_prefilled: bool = False) -> str:
     text = _text(completion)
     if think_prefilled and not text.lstrip().startswith("<think>") and "</think>" in text:
         return text.partition("</think>")[0].strip()
-    m = _THINK.search(text)
-    return (m.group(1) if m else text).strip()
+    blocks = split_blocks(text, THINK_OPEN, THINK_CLOSE)
+    return (blocks[1] if len(blocks) > 1 else text).strip()
 
 
 def answer_text(completion) -> str | None:
-    m = _ANSWER.search(_text(completion))
-    return None if m is None else m.group(1).strip()
+    blocks = split_blocks(_text(completion), ANSWER_OPEN, ANSWER_CLOSE)
+    return blocks[1].strip() if len(blocks) > 1 else None
 
 
 def is_refusal(answer: str | None) -> bool:
