@@ -208,7 +208,7 @@ def test_the_generator_is_prompted_as_the_agent_it_was_trained_as(world):
     from ragrl.train.retriever_rollout import HistoryAwareSearchEnvironment
 
     policy, index, store = world
-    tok = AutoTokenizer.from_pretrained(Path(__file__).parents[2] / "resources/pretrained/3ccfb4217de01845")
+    tok = AutoTokenizer.from_pretrained(Path(__file__).parents[2] / "resources/pretrained/96870ad46090db11")
     plain = RolloutEngine(None, tok, SearchEnvironment(None, 2)).prompt_ids("Where is Velmora?")
     for history in (True, False):
         env = HistoryAwareSearchEnvironment(policy, index, store, topk=2, pool_size=5, use_history=history)

@@ -88,6 +88,19 @@ def test_default_pretraining_text_has_no_name_of_the_world(default_world):
             check(prompt + answer)
 
 
+def test_the_default_config_finds_its_shipped_pretrained_model(default_world):
+    # Without it `make run` pretrains for ~45 minutes: a version bump (PRETRAIN_VERSION,
+    # WORLD_VERSION) or a settings change must ship a model trained under it, named by its key.
+    from ragrl.train.pretrain import CACHE_FILES, PRETRAIN_VERSION, WORLD_VERSION
+
+    shipped = _shipped_model_dir(default_world)
+    assert shipped is not None, "no directory of resources/pretrained/ has the default config's cache key"
+    assert all((shipped / f).is_file() for f in CACHE_FILES)
+    recorded = json.loads((shipped / "pretrain_args.json").read_text())
+    assert (recorded["cache_key"], recorded["pretrain_version"], recorded["world_version"]) == (
+        shipped.name, PRETRAIN_VERSION, WORLD_VERSION)
+
+
 def _shipped_model_dir(world_dir: Path) -> Path | None:
     """The pretrained model the repository ships for the default config, if any."""
     from ragrl.toy.tiny_model import TinyModelSpec
@@ -200,7 +213,7 @@ def test_fact_lists_ask_about_a_fact_they_state():
 
 
 @pytest.mark.slow
-def test_a_pretrained_model_is_reused_by_its_cache_key(default_world, tmp_path):
+def test_a_pretrained_model_is_reused_by_its_cache_key(default_world, tmp_path, monkeypatch):
     from ragrl.toy.tiny_model import TinyModelSpec
     from ragrl.train.pretrain import cache_key
 
@@ -219,6 +232,11 @@ def test_a_pretrained_model_is_reused_by_its_cache_key(default_world, tmp_path):
     assert cache_key(spec, PretrainArgs(**{**args.__dict__, "log_every": 7}), world_names(default_world)) == key
     assert cache_key(spec, PretrainArgs(**{**args.__dict__, "lr": 0.01}), world_names(default_world)) != key
     assert cache_key(spec, args, world_names(default_world)[1:]) != key
+    # the corpus is the world generator's worlds: a new generator is a new corpus
+    import ragrl.train.pretrain as pretrain_module
+    monkeypatch.setattr(pretrain_module, "WORLD_VERSION", pretrain_module.WORLD_VERSION + 1)
+    assert cache_key(spec, args, world_names(default_world)) != key
+    monkeypatch.undo()
     other = pretrain(default_world, tmp_path / "c", spec, PretrainArgs(**{**args.__dict__, "seed": 1}), cache_dir=cache)
     assert "reused" not in (other / "pretrain_log.jsonl").read_text()
 

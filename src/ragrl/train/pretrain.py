@@ -48,6 +48,7 @@ from ragrl.hostinfo import segment, training_record, write_record
 from ragrl.io import atomic_dir, write_json
 from ragrl.paths import SPLITS
 from ragrl.toy.relations import RELATION_BY_KEY, RELATIONS
+from ragrl.toy.world import WORLD_VERSION, generate_world
 
 # The evaluation world is seeded by the user (13 by default); pretraining worlds use seeds far
 # from any seed a config is likely to name, although reserved names already keep them apart.
@@ -224,8 +225,6 @@ def copy_examples(rng: random.Random, n: int, max_items: int = 5) -> list[tuple[
 
 def corpus_worlds(seed: int, people: int, reserved: Sequence[str]) -> Iterator:
     """Pretraining worlds, one after another, forever; none hands out a `reserved` name."""
-    from ragrl.toy.world import generate_world
-
     k = 0
     while True:
         yield generate_world(WORLD_SEED_BASE * (seed + 1) + k, people, reserved=reserved)
@@ -419,13 +418,15 @@ CACHE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "pretrain_l
 
 def cache_key(spec, args: PretrainArgs, reserved: Sequence[str]) -> str:
     """What a pretrained model is a function of: the model spec, the settings that shape training,
-    the names kept out of its corpus (they change the corpus) and this module's version."""
+    the names kept out of its corpus (they change the corpus), this module's version and the world
+    generator's (its worlds are the corpus)."""
     import hashlib
 
     from ragrl.io import canonical_json
 
     settings = {k: v for k, v in asdict(args).items() if k not in _KEY_EXCLUDED}
     blob = canonical_json({"spec": asdict(spec), "settings": settings, "version": PRETRAIN_VERSION,
+                           "world_version": WORLD_VERSION,
                            "reserved": hashlib.sha256("\n".join(sorted(reserved)).encode()).hexdigest()})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -470,7 +471,7 @@ def pretrain(world_dir: str | Path, out_dir: str | Path, spec=None, args: Pretra
         save_tiny_model(tokenizer, model.eval(), spec, tmp)
         (tmp / "pretrain_log.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history))
         write_json({"args": asdict(args), "probe_split": probe_split, "reserved_names": len(reserved),
-                    "cache_key": key, "pretrain_version": PRETRAIN_VERSION}, tmp / "pretrain_args.json")
+                    "cache_key": key, "pretrain_version": PRETRAIN_VERSION, "world_version": WORLD_VERSION}, tmp / "pretrain_args.json")
         write_record(tmp, training_record("pretrain", [segment(0)]))
     if cached is not None and write_cache:
         with atomic_dir(cached) as tmp:
