@@ -154,6 +154,8 @@ class RolloutConfig:
     system_prompt: str | None = setting(
         None, help="a system message before the user turn (the instruction then holds what the user turn says, "
                    "e.g. \"{question}\": KnowRL's prompt); null: the user turn alone")
+    question_mark: bool = setting(False, help="strip each question and end it with \"?\" where it has none "
+                                              "(Search-R1's and RAG-R1's data processing); false: as given")
 
     @property
     def context_limit(self) -> int | None:

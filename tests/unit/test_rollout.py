@@ -139,6 +139,11 @@ def test_prompt_is_chat_templated(tiny):
     assert tiny.tok.decode(system.prompt_ids(q)) == (
         f"<|im_start|>system\nUse <think> tags.\nThen <answer>.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n"
         "<|im_start|>assistant\n")
+    # Search-R1's data processing: strip, then "?" where the question has none.
+    marked = _engine(tiny, ScriptedGenerator(tiny.tok, lambda c: ""), instruction="Q={question}.", question_mark=True)
+    assert "Q=Who wrote it?.<|im_end|>" in tiny.tok.decode(marked.prompt_ids(" Who wrote it \n"))
+    assert "Q=Who wrote it?.<|im_end|>" in tiny.tok.decode(marked.prompt_ids("Who wrote it?"))
+    assert "Ask: Who wrote it<|im_end|>" in tiny.tok.decode(configured.prompt_ids("Who wrote it"))  # off: as given
 
 
 def test_gold_trajectories(tiny):
@@ -1144,3 +1149,9 @@ def test_verls_parquet_carries_the_system_message_as_the_engine_does(tiny, tmp_p
     prompt = pq.read_table(out).to_pylist()[0]["prompt"]
     assert prompt == [{"role": "system", "content": "Think, then answer."},
                       {"role": "user", "content": tiny.rows[0]["question"]}]
+    # Search-R1's "?" is in verl's prompts as in the engine's.
+    pq.write_table(pa.Table.from_pylist([{"id": "q", "question": "Who wrote it", "golden_answers": ["x"]}]), qa)
+    marked = parse_recipe({"env": "search", "rollout": {"instruction": "{question}", "question_mark": True}}, "probe")
+    write_verl_parquet(qa, out, marked, tiny.tok)
+    check_prompts_match_engine(out, marked, tiny.tok)
+    assert pq.read_table(out).to_pylist()[0]["prompt"] == [{"role": "user", "content": "Who wrote it?"}]

@@ -519,9 +519,14 @@ def build_instruction(question: str, template: str = DEFAULT_INSTRUCTION, max_qu
 
 
 def prompt_messages(question: str, template: str = DEFAULT_INSTRUCTION, max_queries: int = 1,
-                    reserved: Iterable[str] = (), system_prompt: str | None = None) -> list[dict[str, str]]:
+                    reserved: Iterable[str] = (), system_prompt: str | None = None,
+                    question_mark: bool = False) -> list[dict[str, str]]:
     """The chat messages of a rollout's prompt: the filled instruction as the user turn, after a
     system message when `system_prompt` is given (KnowRL's: its instruction as the system turn,
-    the question as the user turn)."""
+    the question as the user turn). `question_mark`: the question stripped and ended with "?" where
+    it has none, as Search-R1's data processing writes it."""
+    if question_mark:
+        question = question.strip()
+        question += "" if question.endswith("?") else "?"
     user = {"role": "user", "content": build_instruction(question, template, max_queries, reserved)}
     return [{"role": "system", "content": system_prompt}, user] if system_prompt is not None else [user]

@@ -121,7 +121,7 @@ class RolloutEngine:
         if instruction is None:
             instruction = DEFAULT_MULTI_QUERY_INSTRUCTION if self.env.spec.multi_query else DEFAULT_INSTRUCTION
         messages = prompt_messages(question, instruction, self.env.spec.max_queries, self.reserved,
-                                   self.config.system_prompt)
+                                   self.config.system_prompt, self.config.question_mark)
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         # The template already wrote any BOS; adding special tokens again would double it.
         return self._encode(text)

@@ -62,7 +62,8 @@ def write_verl_parquet(qa: Path, out: Path, recipe, tokenizer, *, split: str = "
     reserved = tuple(getattr(tokenizer, "all_special_tokens", ()) or ())
     records, longest = [], 0
     for index, row in enumerate(rows):
-        messages = prompt_messages(row["question"], template, max_queries, reserved, recipe.rollout.system_prompt)
+        messages = prompt_messages(row["question"], template, max_queries, reserved, recipe.rollout.system_prompt,
+                                   recipe.rollout.question_mark)
         longest = max(longest, len(prompt_ids(tokenizer, messages)))
         records.append({
             "data_source": f"ragrl/{recipe.name}",
