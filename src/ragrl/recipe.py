@@ -286,8 +286,8 @@ def stage_keys() -> dict[str, tuple[str, ...]]:
 
 # --- HARR (config `harr:`): the retriever is the policy, a trained agent run is the frozen generator.
 
-HARR_KEYS = ("generator", "index", "train_dataset", "eval_datasets", "filter", "filter_limit", "train_mix",
-             "recall_k", "environment", "encoder", "train")
+HARR_KEYS = ("generator", "index", "train_dataset", "eval_datasets", "filter", "filter_limit", "filter_keep",
+             "filter_seed", "train_mix", "recall_k", "environment", "encoder", "train")
 # The evaluated runs: the frozen encoder on query-only states; the frozen encoder on HARR's
 # history-aware states (the baseline HARR's training starts from: all-MiniLM never saw such text,
 # and the state format alone changes the generator's answers); HARR's encoder; and the ablation
@@ -367,6 +367,11 @@ class HarrRecipe:
     train: Any
     filter: bool = True
     filter_limit: int | None = None
+    # Stop the filter once this many questions are kept (HARR's filter_data.py --num_samples), and
+    # roll out the questions in the order np.random.default_rng(filter_seed).permutation gives
+    # (the order of its `dataset.shuffle(seed=...)`), or file order when None.
+    filter_keep: int | None = None
+    filter_seed: int | None = None
     # Question type (the QA row's metadata.type) -> at most that many kept questions of it (None:
     # all the filter keeps); types not named are not rolled out. None: every question.
     train_mix: tuple[tuple[str, int | None], ...] | None = None
@@ -375,6 +380,7 @@ class HarrRecipe:
     def to_config(self) -> dict:
         return {"generator": self.generator, "index": self.index, "train_dataset": self.train_dataset,
                 "eval_datasets": list(self.eval_datasets), "filter": self.filter, "filter_limit": self.filter_limit,
+                "filter_keep": self.filter_keep, "filter_seed": self.filter_seed,
                 "train_mix": None if self.train_mix is None else dict(self.train_mix),
                 "recall_k": list(self.recall_k), "environment": dataclasses.asdict(self.environment),
                 "encoder": dataclasses.asdict(self.encoder), "train": dataclasses.asdict(self.train)}
@@ -399,9 +405,13 @@ def parse_harr(raw: str | dict, key: str = "harr") -> HarrRecipe:
     # Empty: no recall jobs (a corpus whose QA rows name no supporting passages, e.g. wiki-18 + FlashRAG).
     if not isinstance(ks, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in ks):
         raise InputError(f"config key '{key}.recall_k': a list of integers >= 1 ([]: no recall), got {ks!r}")
-    limit = data.get("filter_limit")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise InputError(f"config key '{key}.filter_limit': an integer >= 1 or null, got {limit!r}")
+    for name in ("filter_limit", "filter_keep"):
+        n = data.get(name)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise InputError(f"config key '{key}.{name}': an integer >= 1 or null, got {n!r}")
+    seed = data.get("filter_seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise InputError(f"config key '{key}.filter_seed': an integer >= 0 or null (file order), got {seed!r}")
     if not isinstance(data.get("filter", True), bool):
         raise InputError(f"config key '{key}.filter': true or false, got {data['filter']!r}")
     mix = data.get("train_mix")
@@ -420,7 +430,8 @@ def parse_harr(raw: str | dict, key: str = "harr") -> HarrRecipe:
         encoder["lora_target_modules"] = tuple(encoder["lora_target_modules"])
     return HarrRecipe(
         generator=data["generator"], index=data["index"], train_dataset=data["train_dataset"],
-        eval_datasets=tuple(evals), filter=data.get("filter", True), filter_limit=limit, train_mix=mix,
+        eval_datasets=tuple(evals), filter=data.get("filter", True), filter_limit=data.get("filter_limit"),
+        filter_keep=data.get("filter_keep"), filter_seed=seed, train_mix=mix,
         recall_k=tuple(ks),
         environment=_build(HarrEnvironment, _section(data, "environment", key), f"{key}.environment"),
         encoder=_build(EncoderTraining, encoder, f"{key}.encoder"),

@@ -191,6 +191,36 @@ def test_train_mix_rolls_out_only_its_types_and_caps_what_the_filter_keeps(monke
         ("bridge", None), ("1hop", 8))
 
 
+def test_filter_keep_stops_at_its_target_in_the_order_filter_seed_gives(monkeypatch, tmp_path, world):
+    # HARR's filter_data.py: shuffle the questions (HF datasets' shuffle(seed)), roll them out a
+    # batch at a time, stop once --num_samples are kept.
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    stats, out = _scripted_filter(monkeypatch, tmp_path, world, ["q2", "q1", "q3", "q4", "q5"], filter_keep=2)
+    # batches of 2: [q2, q1] keeps q1, [q3, q4] keeps q4: the target; q5 is never rolled out
+    assert (stats["questions"], stats["passed"], stats["kept"]) == (4, 2, 2)
+    assert pq.read_table(out).column("id").to_pylist() == ["q1", "q4"]
+    stats, out = _scripted_filter(monkeypatch, tmp_path, world, ["q1", "q4", "q5"], filter_keep=1)
+    assert (stats["questions"], stats["kept"]) == (2, 1)  # the first batch already holds two that vary
+    assert pq.read_table(out).column("id").to_pylist() == ["q1"]
+    questions = ["q1", "q4", "q5"]
+    for seed in (0, 1, 7):
+        first = questions[np.random.default_rng(seed).permutation(3)[0]]
+        stats, out = _scripted_filter(monkeypatch, tmp_path, world, questions, filter_keep=1, filter_seed=seed)
+        assert pq.read_table(out).column("id").to_pylist() == [first]
+    # with train_mix's caps, the target counts what the caps keep
+    stats, out = _scripted_filter(monkeypatch, tmp_path, world, ["q1", "q4", "q5", "q2"],
+                                  ["1hop", "1hop", "bridge", "bridge"], train_mix={"1hop": 1, "bridge": None},
+                                  filter_keep=2)
+    assert pq.read_table(out).column("id").to_pylist() == ["q1", "q5"]
+    for key, bad in (("filter_keep", 0), ("filter_keep", True), ("filter_seed", -1), ("filter_seed", "42")):
+        with pytest.raises(ValueError, match=rf"harr\.{key}"):
+            parse_harr({**BASE, key: bad})
+    again = parse_harr(parse_harr({**BASE, "filter_keep": 2400, "filter_seed": 42}).to_config())
+    assert (again.filter_keep, again.filter_seed) == (2400, 42)
+
+
 def test_a_filter_that_keeps_nothing_fails_saying_why(monkeypatch, tmp_path, world):
     with pytest.raises(ValueError, match="kept no question"):
         _scripted_filter(monkeypatch, tmp_path, world, ["q2", "q3"])

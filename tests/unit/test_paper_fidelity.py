@@ -165,7 +165,7 @@ def _written_keys(paper: Path) -> list[str]:
     harr = raw.get("harr") or {}
     for section in ("environment", "encoder", "train"):
         keys += [f"harr.{section}.{k}" for k in (harr.get(section) or {})]
-    keys += [f"harr.{k}" for k in ("filter", "filter_limit", "train_dataset") if k in harr]
+    keys += [f"harr.{k}" for k in ("filter", "filter_limit", "filter_keep", "filter_seed", "train_dataset") if k in harr]
     generator = harr.get("generator") or {}
     keys += [f"harr.generator.recipe.rollout.{k}" for k in ((generator.get("recipe") or {}).get("rollout") or {})]
     keys += [f"harr.generator.{k}" for k in ("model",) if k in generator]

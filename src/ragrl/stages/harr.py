@@ -167,8 +167,11 @@ def _env(policy, world: _World, harr: HarrRecipe, *, use_history: bool, stochast
                                          hop_answer=e.hop_answer, forced_retrieval=e.forced_retrieval)
 
 
-def _rows(qa: Path, limit: int | None = None, types: Sequence[str] | None = None) -> list[dict]:
-    """The QA file's rows, only those of `types` (metadata.type) when given, the first `limit` of them."""
+def _rows(qa: Path, limit: int | None = None, types: Sequence[str] | None = None,
+          seed: int | None = None) -> list[dict]:
+    """The QA file's rows, only those of `types` (metadata.type) when given, in the order
+    np.random.default_rng(seed).permutation gives when `seed` is set (that of HF datasets'
+    `shuffle(seed=seed)`), the first `limit` of them."""
     from ragrl.data.qa import read_qa_rows
     from ragrl.eval.evaluate import question_type
 
@@ -179,23 +182,30 @@ def _rows(qa: Path, limit: int | None = None, types: Sequence[str] | None = None
         if not rows:
             raise InputError(f"{qa}: no question of the types harr.train_mix names ({', '.join(types)}); its "
                              f"metadata.type values: {', '.join(repr(t) for t in sorted(set(kinds)))}")
+    if seed is not None:
+        import numpy as np
+
+        rows = [rows[i] for i in np.random.default_rng(seed).permutation(len(rows))]
     return rows if limit is None else rows[:limit]
 
 
-def mix_kept(rows: Sequence[dict], kept: set[str], mix: Sequence[tuple[str, int | None]] | None) -> set[str]:
-    """The kept question ids after harr.train_mix's caps: the first N kept of each type, in file order;
-    a type the mix does not name is not kept (the filter never rolls one out)."""
+def mix_kept(rows: Sequence[dict], kept: set[str], mix: Sequence[tuple[str, int | None]] | None,
+             taken: dict[str, int] | None = None) -> list[str]:
+    """The ids of `rows` in `kept` after harr.train_mix's caps, in the rows' order: the first N kept
+    of each type; a type the mix does not name is not kept (the filter never rolls one out).
+    `taken`: how many of each type earlier calls kept (updated), for rows that come in batches."""
     from ragrl.eval.evaluate import question_type
 
     if mix is None:
-        return set(kept)
+        return [str(r["id"]) for r in rows if str(r["id"]) in kept]
     caps = dict(mix)
-    taken, out = dict.fromkeys(caps, 0), set()
+    taken = {} if taken is None else taken
+    out = []
     for r in rows:
         kind, qid = question_type(r), str(r["id"])
-        if kind in caps and qid in kept and (caps[kind] is None or taken[kind] < caps[kind]):
-            taken[kind] += 1
-            out.add(qid)
+        if kind in caps and qid in kept and (caps[kind] is None or taken.get(kind, 0) < caps[kind]):
+            taken[kind] = taken.get(kind, 0) + 1
+            out.append(qid)
     return out
 
 
@@ -216,9 +226,11 @@ def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pa
     from ragrl.train.retriever_rollout import rollout_groups
 
     mix = harr.train_mix
-    rows = _rows(qa, harr.filter_limit, None if mix is None else [kind for kind, _ in mix])
+    rows = _rows(qa, harr.filter_limit, None if mix is None else [kind for kind, _ in mix], harr.filter_seed)
     group = harr.train.group_size
     f1s: dict[str, list[float]] = {}
+    keep = harr.filter_keep
+    taken: dict[str, int] = {}
     if harr.filter:
         world = _world(index_dir, passages)
         env = _env(_policy(world.meta, harr, None, trainable=False), world, harr, use_history=True, stochastic=True,
@@ -226,13 +238,24 @@ def filter_stage(recipe: Recipe, harr: HarrRecipe, qa: Path, index_dir: Path, pa
         engine = _engine(recipe, harr, generator, env)
         per = harr.environment.rollout_batch_questions
         batches = [rows[i : i + per] for i in range(0, len(rows), per)]
+        passed: set[str] = set()
+        in_order: list[str] = []
         for b, batch in enumerate(progress(batches, desc="HARR filter", unit="batch")):
+            scores: dict[str, list[float]] = {}
             for t in rollout_groups(engine, env, batch, group, seed=step_seed(harr.train.seed, -1 - b)):
-                f1s.setdefault(t.question_id, []).append(t.reward)
-        passed = set(filter_questions(f1s, group))
+                scores.setdefault(t.question_id, []).append(t.reward)
+            f1s.update(scores)
+            passed.update(filter_questions(scores, group))
+            in_order += mix_kept(batch, passed, mix, taken)
+            # HARR's filter_data.py stops once --num_samples questions are kept
+            if keep is not None and len(in_order) >= keep:
+                rows = rows[: (b + 1) * per]
+                print(f"[harr] filter: {keep} kept (harr.filter_keep) after {len(rows)} questions", flush=True)
+                break
     else:
         passed = {str(r["id"]) for r in rows}
-    kept = mix_kept(rows, passed, mix)
+        in_order = mix_kept(rows, passed, mix, taken)
+    kept = set(in_order[:keep] if keep is not None else in_order)
     table = pq.read_table(qa)
     ids = [str(i) for i in table.column("id").to_pylist()]
     order = [i for i, q in enumerate(ids) if q in kept]
