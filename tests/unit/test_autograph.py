@@ -15,7 +15,9 @@ from ragrl.kg.text_graph import (
     name_matches,
     personalized_pagerank,
     ppr_matrix,
+    AUTOGRAPH_TRIPLE_QUERY,
     rank_passages,
+    rank_passages_autograph,
     seed_entities,
     subgraph_triples,
 )
@@ -238,6 +240,69 @@ def test_personalisation_is_the_mean_score_of_a_nodes_top_triples():
     reset = {0: 0.8, 1: 0.7, 2: 0.6, 3: 0.0}
     theirs = nx.pagerank(_nx_graph(g), alpha=0.85, personalization=reset, weight="weight", tol=1e-12)
     assert ranking.passage_ids == ("p",) and ranking.scores[0] == pytest.approx(theirs[3], abs=1e-9)
+
+
+# --------------------------------------------------------------------------- AutoGraph-R1's own walk
+
+
+def _query(question: str) -> str:
+    return AUTOGRAPH_TRIPLE_QUERY.format(question=question)
+
+
+def test_autograph_ppr_walks_edges_forward_and_fills_the_ranking_with_unreached_passages():
+    # A -> B (p1), C -> D (p2), D -> A (p3); seeds A and B. Forward from them: B, p1, and p3 (A, the
+    # object of D-r-A, has a source edge to p3); C, D and p2 lie against the edges' direction.
+    docs = [("p1", [T("A", "r", "B")]), ("p2", [T("C", "r", "D")]), ("p3", [T("D", "r", "A")])]
+    vectors = {"A r B": [1, 0], "C r D": [0, 1], "D r A": [0, 1], _query("q"): [1, 0], "q": [1, 0]}
+    ours = rank_passages_autograph(docs, "q", _axis_embedder(vectors), top_triples=1)
+    assert ours.passage_ids[-1] == "p2" and ours.scores[-1] == 0.0  # ranked all the same, last
+    assert set(ours.passage_ids[:2]) == {"p1", "p3"} and min(ours.scores[:2]) > 0
+    hipporag = rank_passages(build_graph(docs), "q", _axis_embedder(vectors), top_triples=1)
+    assert "p2" in hipporag.passage_ids and hipporag.scores[hipporag.passage_ids.index("p2")] > 0  # undirected
+
+
+def test_autograph_ppr_min_max_normalises_the_seeds():
+    # Two islands; the question is nearer A-r-B. Min-max over the two edges gives C-r-D 0, so C and D
+    # get no seed and p2 no mass (HippoRAG 2's raw cosine seeds them at 0.1).
+    docs = [("p1", [T("A", "r", "B")]), ("p2", [T("C", "r", "D")])]
+    vectors = {"A r B": [1, 0.1], "C r D": [0.1, 1], _query("q"): [1, 0], "q": [1, 0]}
+    ours = rank_passages_autograph(docs, "q", _axis_embedder(vectors), top_triples=2)
+    assert ours.passage_ids == ("p1", "p2") and ours.scores[1] == 0.0
+    assert rank_passages(build_graph(docs), "q", _axis_embedder(vectors), top_triples=2).scores[1] > 0
+
+
+def test_autograph_ppr_mass_by_hand():
+    # A -> B, A -> p, B -> p; personalization {A: 1/2, B: 1/2}; p is dangling, so its mass returns
+    # along the personalization. networkx's PageRank solves
+    #   x = 0.85 (W^T x + x_p v) + 0.15 v,  v = (1/2, 1/2, 0), W rows A: (0, 1/2, 1/2), B: (0, 0, 1).
+    seen: list[str] = []
+
+    def embed(texts):
+        seen.extend(texts)
+        return np.ones((len(texts), 2)) / np.sqrt(2)
+
+    ranking = rank_passages_autograph([("p", [T("A", "r", "B")])], "Who?", embed)
+    v = np.array([0.5, 0.5, 0.0])
+    walk = np.array([[0, 0.5, 0.5], [0, 0, 1], [0, 0, 0]])
+    system = np.eye(3) - 0.85 * (walk.T + np.outer(v, [0, 0, 1]))
+    x = np.linalg.solve(system, 0.15 * v)
+    assert ranking.passage_ids == ("p",) and ranking.scores[0] == pytest.approx(x[2] / x.sum(), abs=1e-5)
+    assert seen == [_query("Who?"), "A r B"]  # the question with their instruction, the triples as they are
+    assert _query("Who?").startswith("Instruct: Given a question, retrieve the most relevant knowledge graph triple")
+
+
+def test_autograph_ppr_keeps_one_edge_per_ordered_pair_the_last_relation():
+    seen: list[str] = []
+
+    def embed(texts):
+        seen.extend(texts)
+        return np.ones((len(texts), 2)) / np.sqrt(2)
+
+    ranking = rank_passages_autograph([("p1", [T("A", "r", "B")]), ("p2", [T("A", "s", "B"), T("a", "r", "B")])],
+                                      "q", embed)
+    assert seen[1:3] == ["A s B", "a r B"]  # exact strings: "a" is another node; A-r-B was overwritten
+    assert set(ranking.passage_ids) == {"p1", "p2"}
+    assert rank_passages_autograph([("p1", [])], "q", embed).reason is not None
 
 
 def test_a_graph_without_triples_gives_recall_zero_and_a_reason(caplog):

@@ -191,6 +191,24 @@ def _bag_of_words(texts):
     return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
+def test_r_i_under_autograph_r1s_walk_credits_passages_the_walk_never_reached():
+    # Their top 5 is filled with every passage node in document order when fewer are reached, so an
+    # episode of 3 documents scores recall 1 at k=5 whatever the walk does; HippoRAG 2's ranking
+    # leaves the unreached supporting passage out.
+    from ragrl.methods.graph_constructor import GraphConstructorOptions
+
+    docs = (Document("p1", "Zed", "x"), Document("p2", "Ann Vole", "y"), Document("p3", "Kest", "z"))
+    ep = Episode("q1", "Which company employs Ann Vole?", ("Brindle Co",), ("p1",), docs)
+    turns = [parse_triples('[{"subject": "Zed", "relation": "near", "object": "Yon"}]'),
+             parse_triples('[{"subject": "Ann Vole", "relation": "employer", "object": "Brindle Co"}]'),
+             parse_triples('[{"subject": "Kest", "relation": "country", "object": "Orra"}]')]
+    assert index_score(ep, turns, True, _bag_of_words, k=5, top_triples=1).reward == 0.0
+    assert index_score(ep, turns, True, _bag_of_words, k=5, top_triples=1, ppr="autograph").reward == 1.0
+    assert index_score(ep, turns, True, _bag_of_words, k=1, top_triples=1, ppr="autograph").reward == 0.0
+    with pytest.raises(ValueError, match="ppr must be one of"):
+        GraphConstructorOptions(ppr="igraph")
+
+
 def test_episode_rewards_on_a_hand_made_episode():
     docs = (Document("p1", "Ann Vole", "x"), Document("p2", "Kest", "y"), Document("p3", "Orra", "z"))
     ep = Episode("q1", "Which company employs Ann Vole?", ("Brindle Co",), ("p1",), docs)

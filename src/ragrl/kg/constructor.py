@@ -34,12 +34,15 @@ from ragrl.kg.text_graph import (
     PassageRanking,
     build_graph,
     rank_passages,
+    rank_passages_autograph,
     seed_entities,
     subgraph_triples,
 )
 from ragrl.kg.graph_scoring import REPETITION_LIMIT, RECALL_K, Judge, JudgeItem, penalised, recall_at_k
 
 REWARD_MODES = ("index", "carrier")  # R_I (PPR recall) or R_C (judge on the subgraph)
+# R_I's walk: HippoRAG 2's (text_graph.GraphRetriever) or AutoGraph-R1's code's (rank_passages_autograph)
+PPR_MODES = ("hipporag", "autograph")
 _A, _U = "\u2063ASSISTANT\u2063", "\u2063USER\u2063"  # placeholders no template or document writes
 
 
@@ -221,21 +224,24 @@ def _finish(task: float, triples: list[Triple], complete: bool, limit: float, re
 
 
 def episode_ranking(episode: Episode, turns: Sequence[ParsedTurn], embed: Embedder,
-                    top_triples: int = TOP_TRIPLES) -> PassageRanking:
-    """The PPR retriever's ranking of the episode's documents over the graph of its triples."""
+                    top_triples: int = TOP_TRIPLES, ppr: str = "hipporag") -> PassageRanking:
+    """The PPR retriever's ranking of the episode's documents over the graph of its triples (`ppr`:
+    one of PPR_MODES)."""
+    if ppr == "autograph":
+        return rank_passages_autograph(graph_docs(episode, turns), episode.question, embed, top_triples)
     return rank_passages(build_graph(graph_docs(episode, turns)), episode.question, embed, top_triples)
 
 
 def index_score(episode: Episode, turns: Sequence[ParsedTurn], complete: bool, embed: Embedder, *,
                 k: int = RECALL_K, top_triples: int = TOP_TRIPLES, limit: float = REPETITION_LIMIT,
-                ranking: PassageRanking | None = None, penalty: float = 1.0) -> GraphScore:
+                ranking: PassageRanking | None = None, penalty: float = 1.0, ppr: str = "hipporag") -> GraphScore:
     """R_I: recall of the supporting passages in the PPR retriever's top k, minus `penalty` x the
     repetition share. `ranking`: the episode's `episode_ranking`, when the caller has it already."""
     triples = [t for turn in turns for t in turn.triples]
     if not complete:
         return _finish(0.0, triples, False, limit, None, penalty)
     if ranking is None:
-        ranking = episode_ranking(episode, turns, embed, top_triples)
+        ranking = episode_ranking(episode, turns, embed, top_triples, ppr)
     return _finish(recall_at_k(ranking.passage_ids, episode.supporting_ids, k), triples, True, limit, ranking.reason,
                    penalty)
 
@@ -328,6 +334,6 @@ def gold_triples_by_passage(rows: Sequence[dict]) -> dict[str, list[Triple]]:
 
 
 __all__ = ["ChatFrame", "ConstructorRollout", "ConstructorTrajectory", "Document", "Episode", "GraphScore",
-           "REWARD_MODES", "carrier_items", "carrier_scores", "constructor_system_prompt", "document_message",
+           "PPR_MODES", "REWARD_MODES", "carrier_items", "carrier_scores", "constructor_system_prompt", "document_message",
            "episode_ranking",
            "episodes_from_world", "gold_transcript", "gold_triples_by_passage", "graph_docs", "index_score"]

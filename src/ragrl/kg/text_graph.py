@@ -14,7 +14,8 @@ bookkeeping, the walk treats every edge as undirected, as HippoRAG 2's igraph gr
 - PPR passage retriever (R_I, "graph as knowledge index", HippoRAG 2): embed every triple, take
   the question's top-10 triples, personalise their head and tail nodes by the mean score of the
   top triples naming them, run personalised PageRank (damping 0.85) on a scipy sparse matrix and
-  rank passages by their PageRank mass.
+  rank passages by their PageRank mass. `rank_passages_autograph` is the same idea as AutoGraph-R1's
+  code runs it (a directed graph, min-max-normalised seeds, networkx): its paper config's.
 
 Embedders are plain callables `texts -> array [n, d]` with L2-normalised rows
 (`ragrl.retrieval.encoder.Encoder.encode_queries` is one), so tests pass hand-made vectors.
@@ -278,6 +279,58 @@ def passage_ranking(graph: TextGraph, rank: np.ndarray) -> PassageRanking:
     return PassageRanking(tuple(graph.passages[i] for i in order), tuple(float(mass[i]) for i in order))
 
 
+# AutoGraph-R1's query to the triple embedder (autograph/rag_server/hipporag2.py, query2edge);
+# the triples are embedded as they are.
+AUTOGRAPH_TRIPLE_QUERY = ("Instruct: Given a question, retrieve the most relevant knowledge graph triple that can "
+                          "help answer the question.\nQuery: {question}")
+
+
+def rank_passages_autograph(docs: Iterable[tuple[str, Sequence[Triple]]], question: str, embed: Embedder,
+                            top_triples: int = TOP_TRIPLES, alpha: float = PPR_DAMPING) -> PassageRanking:
+    """R_I's ranking as AutoGraph-R1's code computes it (HippoRAG2Retriever.retrieve over the graph
+    parse_triples_with_texts builds), where `GraphRetriever` is HippoRAG 2's own walk:
+    - a directed, unweighted networkx graph: a node per exact entity string, subject -> object per
+      ordered pair (the last relation written wins), subject and object -> their passage;
+    - the question, with their instruction, against every entity-to-entity edge "s r o"; scores
+      min-max normalised over all edges (all equal: 1), the top `top_triples` by np.argsort;
+    - each head and tail seeded by the mean normalised score of the top edges naming it;
+    - networkx.pagerank with its defaults, dangling passages returning mass along the seeds;
+    - every passage node ranked by its mass, the ones the walk never reached (mass 0) included,
+      ties in the graph's node order (so a top 5 over few reached passages is filled in document
+      order)."""
+    import networkx as nx
+
+    kg = nx.DiGraph()
+    for pid, triples in docs:
+        text = ("passage", pid)  # a tuple: no entity string can be this node
+        for t in triples:
+            subject, relation, obj = str(t.subject), str(t.relation), str(t.object)
+            kg.add_node(subject, node_type="entity")
+            kg.add_node(obj, node_type="entity")
+            kg.add_edge(subject, obj, relation=relation)
+            kg.add_node(text, node_type="text")
+            kg.add_edge(subject, text, relation="source")
+            kg.add_edge(obj, text, relation="source")
+    entities = [n for n, kind in kg.nodes(data="node_type") if kind != "text"]
+    edges = list(kg.subgraph(entities).edges(data="relation"))
+    if not edges:
+        return _empty("the graph has no triples, so nothing links the question to a passage")
+    vectors = np.asarray(embed([AUTOGRAPH_TRIPLE_QUERY.format(question=question),
+                                *(f"{s} {r} {o}" for s, o, r in edges)]), dtype=np.float64)
+    raw = vectors[1:] @ vectors[0]
+    spread = raw.max() - raw.min()
+    scores = (raw - raw.min()) / spread if spread != 0 else np.ones_like(raw)
+    seeds: dict[str, list[float]] = {}
+    for i in np.argsort(scores)[-top_triples:][::-1]:
+        head, tail, _ = edges[i]
+        seeds.setdefault(head, []).append(float(scores[i]))
+        seeds.setdefault(tail, []).append(float(scores[i]))
+    mass = nx.pagerank(kg, alpha=alpha, personalization={n: sum(v) / len(v) for n, v in seeds.items()})
+    ranked = sorted(((n[1], m) for n, m in mass.items() if kg.nodes[n]["node_type"] == "text"),
+                    key=lambda item: item[1], reverse=True)
+    return PassageRanking(tuple(p for p, _ in ranked), tuple(float(m) for _, m in ranked))
+
+
 def _empty(reason: str) -> PassageRanking:
     log.info("PPR passage retriever: %s", reason)
     return PassageRanking((), (), reason)
@@ -285,5 +338,5 @@ def _empty(reason: str) -> PassageRanking:
 
 __all__ = ["Embedder", "GraphRetriever", "PPR_DAMPING", "PassageRanking", "SUBGRAPH_HOPS", "TOP_TRIPLES", "TextGraph", "build_graph",
            "name_key", "name_matches", "passage_ranking", "personalized_pagerank", "ppr_matrix", "rank_passages",
-           "reset_vector", "seed_entities",
+           "AUTOGRAPH_TRIPLE_QUERY", "rank_passages_autograph", "reset_vector", "seed_entities",
            "subgraph_triples", "top_indices"]

@@ -47,6 +47,9 @@ class GraphConstructorOptions:
     documents_in_all: bool = False
     recall_k: int = 5
     top_triples: int = 10
+    # R_I's walk: "hipporag" (HippoRAG 2's: undirected, weighted, raw cosine seeds, reached passages
+    # only) or "autograph" (AutoGraph-R1's code: directed, min-max seeds, every passage ranked).
+    ppr: str = "hipporag"
     hops: int = 3
     repetition_limit: float = 0.9
     # The weight of the repetition share subtracted from the task reward; 0: no penalty
@@ -74,10 +77,12 @@ class GraphConstructorOptions:
     sft_turns: int = 1
 
     def __post_init__(self) -> None:
-        from ragrl.kg.constructor import REWARD_MODES
+        from ragrl.kg.constructor import PPR_MODES, REWARD_MODES
 
         if self.reward not in REWARD_MODES:
             raise InputError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
+        if self.ppr not in PPR_MODES:
+            raise InputError(f"ppr must be one of {PPR_MODES}, got {self.ppr!r}")
         if self.judge not in JUDGES:
             raise InputError(f"judge must be one of {JUDGES}, got {self.judge!r}")
         from ragrl.serving import check_endpoint
@@ -140,7 +145,7 @@ class ConstructorEnvironment:
         if o.reward == "index":
             s = index_score(episode, trajectory.turns, trajectory.complete, embedder(o),
                             k=o.recall_k, top_triples=o.top_triples, limit=o.repetition_limit, ranking=ranking,
-                            penalty=o.repetition_penalty)
+                            penalty=o.repetition_penalty, ppr=o.ppr)
         else:
             judge = _judge(o)
             tally = getattr(judge, "replies", None)  # an LLM judge's: its off-format replies go into the log
@@ -257,7 +262,7 @@ def eval_metrics(recipe, row: Mapping[str, Any], trajectory) -> dict:
     recall = {"recall@2": 0.0, "recall@5": 0.0}
     carried = 0.0
     if trajectory.complete:
-        ranking = episode_ranking(episode, trajectory.turns, embedder(o), o.top_triples)
+        ranking = episode_ranking(episode, trajectory.turns, embedder(o), o.top_triples, o.ppr)
         recall = {f"recall@{k}": recall_at_k(ranking.passage_ids, episode.supporting_ids, k) for k in (2, 5)}
         # ConnectivityJudge's verdict; no embedder, as R_C's training score
         carried = float(connected_answer(carrier_items(episode, trajectory.turns, None, o.hops)))
