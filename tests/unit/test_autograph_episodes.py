@@ -108,6 +108,38 @@ def test_hard_negatives_come_from_the_retriever_and_skip_supporting_passages(tin
         assert sorted(d.id for d in ep.documents) == sorted([*row["supporting_ids"], *negs]), total
 
 
+def test_hard_negatives_per_supporting_passage_split_the_count_and_skip_what_is_taken():
+    # AutoGraph-R1's data_preparation.py: DOC_SIZE 7 with 2 supporting passages leaves 5 negatives,
+    # 2 each and 1 more for one of them (a random one); each supporting passage's text is the query
+    # for its own; a passage another one took, or a supporting one, is skipped.
+    passages = [{"id": i, "title": i.upper(), "text": f"about {i}"} for i in ("s1", "s2", *(f"n{j}" for j in range(8)))]
+    nearest = {"S1: about s1": ["s1", "n0", "n1", "s2", "n2", "n3"], "S2: about s2": ["s2", "n0", "n4", "n5", "n6"]}
+    queries: list[list[str]] = []
+
+    def search(qs, k):
+        queries.append(list(qs))
+        return [[{"id": i} for i in nearest[q][:k]] for q in qs]
+
+    row = {"id": "q", "question": "Q?", "golden_answers": ["x"], "supporting_ids": ["s1", "s2"]}
+    ep = episodes_from_world([row], passages, negatives=7, search=search, in_all=True, negatives_from="supporting")[0]
+    assert queries == [["S1: about s1", "S2: about s2"]]
+    ids = {d.id for d in ep.documents}
+    assert len(ep.documents) == 7 and {"s1", "s2"} <= ids
+    from_s1 = ids & {"n0", "n1", "n2", "n3"}
+    assert from_s1 in ({"n0", "n1"}, {"n0", "n1", "n2"})  # its nearest first, s2 skipped
+    from_s2 = ids & {"n4", "n5", "n6"}
+    assert from_s2 in ({"n4", "n5"}, {"n4", "n5", "n6"})  # n0 taken by s1 already: skipped
+    assert len(from_s1) + len(from_s2) == 5
+    # the random start of the remainder varies over questions (seeded per question)
+    extra_to_s1 = {len(ids_ & {"n2"}) for ids_ in (
+        {d.id for d in episodes_from_world([{**row, "id": f"q{i}"}], passages, negatives=7, search=search,
+                                           in_all=True, negatives_from="supporting")[0].documents}
+        for i in range(12))}
+    assert extra_to_s1 == {0, 1}
+    with pytest.raises(ValueError, match="negatives_from must be one of"):
+        episodes_from_world([row], passages, negatives=7, search=search, negatives_from="answers")
+
+
 def test_the_methods_episodes_honour_documents_in_all(tiny):
     from ragrl.methods.graph_constructor import ConstructorEnvironment, GraphConstructorOptions
 

@@ -21,7 +21,7 @@ live episode) on the generic `Generator` protocol; docs/AUTOGRAPH_R1.md says why
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -272,24 +272,27 @@ def carrier_scores(episodes: Sequence[Episode], trajectories: Sequence[tuple[int
 # --------------------------------------------------------------------------- episodes and gold data
 
 
+NEGATIVES_FROM = ("question", "supporting")
+
+
 def episodes_from_world(qa_rows: Sequence[dict], passages: Sequence[dict], *, negatives: int = 0,
                         search: Callable[[list[str], int], list[list[dict]]] | None = None,
-                        shuffle_seed: int | None = 0, in_all: bool = False) -> list[Episode]:
-    """One episode per QA row: its supporting passages, plus up to `negatives` hard negatives (the
-    retriever's best passages for the question that do not support it); with `in_all`, hard
-    negatives up to `negatives` documents in all, the supporting ones included (AutoGraph-R1's
-    DOC_SIZE). Document order is shuffled per question (seeded), so a retriever that ranks
-    documents in input order earns nothing."""
+                        shuffle_seed: int | None = 0, in_all: bool = False,
+                        negatives_from: str = "question") -> list[Episode]:
+    """One episode per QA row: its supporting passages, plus up to `negatives` hard negatives that
+    do not support it; with `in_all`, hard negatives up to `negatives` documents in all, the
+    supporting ones included (AutoGraph-R1's DOC_SIZE). `negatives_from` "question": the
+    retriever's best passages for the question; "supporting": each supporting passage's own
+    nearest passages (its text as the query), the count split evenly over them and the remainder
+    given one each from a random one on (AutoGraph-R1's data_preparation.py). Document order is
+    shuffled per question (seeded), so a retriever that ranks documents in input order earns nothing."""
     import random
 
+    if negatives_from not in NEGATIVES_FROM:
+        raise InputError(f"negatives_from must be one of {NEGATIVES_FROM}, got {negatives_from!r}")
     by_id = {str(p["id"]): Document(str(p["id"]), str(p.get("title") or ""), str(p["text"])) for p in passages}
-    hits: list[list[dict]] = [[] for _ in qa_rows]
-    if negatives:
-        if search is None:
-            raise InputError("hard negatives need a retriever (search)")
-        hits = search([str(r["question"]) for r in qa_rows], negatives + 8)
-    episodes = []
-    for row, found in zip(qa_rows, hits):
+    rows = []
+    for row in qa_rows:
         support = [str(s) for s in row["supporting_ids"] or []]
         if not support:
             # Its reward (recall of the supporting passages) would be 0 whatever the graph, and its
@@ -298,14 +301,53 @@ def episodes_from_world(qa_rows: Sequence[dict], passages: Sequence[dict], *, ne
         missing = [s for s in support if s not in by_id]
         if missing:
             raise InputError(f"question {row['id']}: supporting passage(s) {missing} are not in the passages")
-        extra = [str(h["id"]) for h in found if str(h["id"]) not in support and str(h["id"]) in by_id]
+        rows.append((row, support))
+    if negatives and search is None:
+        raise InputError("hard negatives need a retriever (search)")
+    by_support: dict[str, list[str]] = {}
+    if negatives and negatives_from == "supporting":
+        texts = list(dict.fromkeys(s for _, support in rows for s in support))
+        found = search([_passage_text(by_id[s]) for s in texts], negatives + 8) if texts else []
+        by_support = {s: [str(h["id"]) for h in hits] for s, hits in zip(texts, found)}
+        hits_per_row: list[list[dict]] = [[] for _ in rows]
+    elif negatives:
+        hits_per_row = search([str(row["question"]) for row, _ in rows], negatives + 8)
+    else:
+        hits_per_row = [[] for _ in rows]
+    episodes = []
+    for (row, support), found in zip(rows, hits_per_row):
         wanted = max(negatives - len(support), 0) if in_all else negatives
-        ids = support + list(dict.fromkeys(extra))[:wanted]
+        if by_support:
+            ids = support + _negatives_per_support(support, by_support, wanted, by_id,
+                                                   random.Random(f"{shuffle_seed}:{row['id']}:negatives"))
+        else:
+            extra = [str(h["id"]) for h in found if str(h["id"]) not in support and str(h["id"]) in by_id]
+            ids = support + list(dict.fromkeys(extra))[:wanted]
         if shuffle_seed is not None:
             random.Random(f"{shuffle_seed}:{row['id']}").shuffle(ids)
         episodes.append(Episode(str(row["id"]), str(row["question"]), tuple(str(a) for a in row["golden_answers"]),
                                 tuple(support), tuple(by_id[i] for i in ids)))
     return episodes
+
+
+def _passage_text(doc: Document) -> str:
+    return f"{doc.title}: {doc.text}" if doc.title else doc.text
+
+
+def _negatives_per_support(support: list[str], nearest: Mapping[str, list[str]], wanted: int,
+                           known: Mapping[str, Document], rng) -> list[str]:
+    """`wanted` negatives split over the supporting passages: each its (wanted // n) nearest
+    passages not already taken, the remainder one more each from a random supporting passage on,
+    in turn (AutoGraph-R1's data_preparation.py, which raises where we take fewer)."""
+    share = dict.fromkeys(support, wanted // len(support))
+    start = rng.randrange(len(support))
+    for i in range(wanted - sum(share.values())):
+        share[support[(start + i) % len(support)]] += 1
+    taken: list[str] = []
+    for s in support:
+        fresh = [p for p in nearest.get(s, []) if p in known and p not in support and p not in taken]
+        taken += fresh[: share[s]]
+    return taken
 
 
 def gold_transcript(episode: Episode, gold: dict[str, list[Triple]], frame: ChatFrame) -> dict:
@@ -334,6 +376,6 @@ def gold_triples_by_passage(rows: Sequence[dict]) -> dict[str, list[Triple]]:
 
 
 __all__ = ["ChatFrame", "ConstructorRollout", "ConstructorTrajectory", "Document", "Episode", "GraphScore",
-           "PPR_MODES", "REWARD_MODES", "carrier_items", "carrier_scores", "constructor_system_prompt", "document_message",
+           "NEGATIVES_FROM", "PPR_MODES", "REWARD_MODES", "carrier_items", "carrier_scores", "constructor_system_prompt", "document_message",
            "episode_ranking",
            "episodes_from_world", "gold_transcript", "gold_triples_by_passage", "graph_docs", "index_score"]

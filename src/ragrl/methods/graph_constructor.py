@@ -45,6 +45,9 @@ class GraphConstructorOptions:
     # R_I: `negatives` counts the documents in all, the supporting ones included (AutoGraph-R1's
     # DOC_SIZE=15) instead of the hard negatives added to them.
     documents_in_all: bool = False
+    # R_I: hard negatives for the question ("question") or split over its supporting passages, each
+    # its own nearest passages ("supporting": AutoGraph-R1's data_preparation.py)
+    negatives_from: str = "question"
     recall_k: int = 5
     top_triples: int = 10
     # R_I's walk: "hipporag" (HippoRAG 2's: undirected, weighted, raw cosine seeds, reached passages
@@ -81,6 +84,10 @@ class GraphConstructorOptions:
 
         if self.reward not in REWARD_MODES:
             raise InputError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
+        from ragrl.kg.constructor import NEGATIVES_FROM
+
+        if self.negatives_from not in NEGATIVES_FROM:
+            raise InputError(f"negatives_from must be one of {NEGATIVES_FROM}, got {self.negatives_from!r}")
         if self.ppr not in PPR_MODES:
             raise InputError(f"ppr must be one of {PPR_MODES}, got {self.ppr!r}")
         if self.judge not in JUDGES:
@@ -133,6 +140,7 @@ class ConstructorEnvironment:
         search = (lambda qs, k: [[h.to_dict() if hasattr(h, "to_dict") else dict(h) for h in hits]
                                  for hits in self.retriever.search(qs, k)])
         return episodes_from_world(qa_rows, passages, negatives=negatives, search=search if negatives else None,
+                                   negatives_from=self.options.negatives_from,
                                    in_all=self.options.documents_in_all)
 
     def score(self, episode, trajectory, ranking=None) -> Score:
