@@ -154,6 +154,9 @@ class RolloutConfig:
     system_prompt: str | None = setting(
         None, help="a system message before the user turn (the instruction then holds what the user turn says, "
                    "e.g. \"{question}\": KnowRL's prompt); null: the user turn alone")
+    continue_user_turn: bool = setting(False, help="end the prompt after the user turn's text, with no assistant header "
+                                                   "(apply_chat_template(continue_final_message=True), KnowRL's main.py); "
+                                                   "false: the template's generation prompt")
     question_mark: bool = setting(False, help="strip each question and end it with \"?\" where it has none "
                                               "(Search-R1's and RAG-R1's data processing); false: as given")
 

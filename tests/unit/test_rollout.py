@@ -144,6 +144,11 @@ def test_prompt_is_chat_templated(tiny):
     assert "Q=Who wrote it?.<|im_end|>" in tiny.tok.decode(marked.prompt_ids(" Who wrote it \n"))
     assert "Q=Who wrote it?.<|im_end|>" in tiny.tok.decode(marked.prompt_ids("Who wrote it?"))
     assert "Ask: Who wrote it<|im_end|>" in tiny.tok.decode(configured.prompt_ids("Who wrote it"))  # off: as given
+    # KnowRL's main.py: continue_final_message=True over [system, user]: the prompt stops after the
+    # question, with neither the user turn's end nor an assistant header.
+    user_end = _engine(tiny, ScriptedGenerator(tiny.tok, lambda c: ""), instruction="{question}",
+                       system_prompt="Be brief.", continue_user_turn=True)
+    assert tiny.tok.decode(user_end.prompt_ids(q)) == f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{q}"
 
 
 def test_gold_trajectories(tiny):
@@ -1155,3 +1160,14 @@ def test_verls_parquet_carries_the_system_message_as_the_engine_does(tiny, tmp_p
     write_verl_parquet(qa, out, marked, tiny.tok)
     check_prompts_match_engine(out, marked, tiny.tok)
     assert pq.read_table(out).to_pylist()[0]["prompt"] == [{"role": "user", "content": "Who wrote it?"}]
+    # a prompt that stops after the user's text: the launcher's check and verl's ids agree with the engine
+    from ragrl.verl.data import prompt_ids
+
+    open_user = parse_recipe({"env": "search", "rollout": {"instruction": "{question}", "continue_user_turn": True}},
+                             "probe")
+    write_verl_parquet(qa, out, open_user, tiny.tok)
+    check_prompts_match_engine(out, open_user, tiny.tok)
+    row = pq.read_table(out).to_pylist()[0]
+    assert tiny.tok.decode(prompt_ids(tiny.tok, row["prompt"], True)).endswith("user\nWho wrote it")
+    assert prompt_ids(tiny.tok, row["prompt"], True) == RolloutEngine(
+        None, tiny.tok, open_user.method.make_environment(open_user, {}), open_user.rollout).prompt_ids("Who wrote it")

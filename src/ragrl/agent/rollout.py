@@ -40,7 +40,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ragrl.agent.environments import Environment
@@ -88,6 +88,16 @@ class Trajectory:
         return asdict(self)
 
 
+def chat_prompt_text(tokenizer, messages: Sequence[Mapping[str, str]], continue_user_turn: bool = False) -> str:
+    """A rollout's prompt as text: the chat template with its generation prompt (the assistant
+    header), or, with `continue_user_turn`, cut right after the last message's text (KnowRL's
+    `continue_final_message=True` over a conversation that ends with the user)."""
+    messages = [dict(m) for m in messages]
+    if continue_user_turn:
+        return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 class RolloutEngine:
     def __init__(self, generator: Generator, tokenizer, env: Environment,
                  config: RolloutConfig = RolloutConfig()) -> None:
@@ -122,7 +132,7 @@ class RolloutEngine:
             instruction = DEFAULT_MULTI_QUERY_INSTRUCTION if self.env.spec.multi_query else DEFAULT_INSTRUCTION
         messages = prompt_messages(question, instruction, self.env.spec.max_queries, self.reserved,
                                    self.config.system_prompt, self.config.question_mark)
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = chat_prompt_text(self.tokenizer, messages, self.config.continue_user_turn)
         # The template already wrote any BOS; adding special tokens again would double it.
         return self._encode(text)
 

@@ -168,7 +168,8 @@ class RagrlAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         messages = [dict(m) for m in kwargs["raw_prompt"]]
         loop = asyncio.get_running_loop()
-        prompt = await loop.run_in_executor(_thread_pool(), lambda: template_prompt_ids(self.tokenizer, messages))
+        prompt = await loop.run_in_executor(_thread_pool(), lambda: template_prompt_ids(self.tokenizer, messages,
+                                                                                    self.rollout_cfg.continue_user_turn))
         prompt = self._cap_text_prompt_length(prompt)
         generator = ServerGenerator(self.server_manager, sampling_params, loop, uuid4().hex)
         engine = RolloutEngine(generator, self.tokenizer, self.env, self.rollout_cfg)

@@ -39,13 +39,16 @@ def instruction_template(recipe) -> tuple[str, int]:
     return template, spec.max_queries
 
 
-def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of `messages` + the assistant header, as RolloutEngine.prompt_ids builds them.
+def prompt_ids(tokenizer, messages: list[dict], continue_user_turn: bool = False) -> list[int]:
+    """Token ids of `messages` + the assistant header (or cut after the user's text, with
+    `continue_user_turn`), as RolloutEngine.prompt_ids builds them.
 
     Shared by the launcher (to measure prompts) and the agent loop (to start a rollout): template
     as text, then encode without special tokens (the template already wrote any BOS).
     """
-    text = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
+    from ragrl.agent.rollout import chat_prompt_text
+
+    text = chat_prompt_text(tokenizer, messages, continue_user_turn)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -64,7 +67,7 @@ def write_verl_parquet(qa: Path, out: Path, recipe, tokenizer, *, split: str = "
     for index, row in enumerate(rows):
         messages = prompt_messages(row["question"], template, max_queries, reserved, recipe.rollout.system_prompt,
                                    recipe.rollout.question_mark)
-        longest = max(longest, len(prompt_ids(tokenizer, messages)))
+        longest = max(longest, len(prompt_ids(tokenizer, messages, recipe.rollout.continue_user_turn)))
         records.append({
             "data_source": f"ragrl/{recipe.name}",
             "prompt": messages,
@@ -84,7 +87,7 @@ def check_prompts_match_engine(out: Path, recipe, tokenizer, k: int = 32) -> Non
 
     engine = RolloutEngine(None, tokenizer, recipe.method.make_environment(recipe, {}), recipe.rollout)
     for row in pq.read_table(out, columns=["prompt", "extra_info"]).slice(0, k).to_pylist():
-        ours = prompt_ids(tokenizer, row["prompt"])
+        ours = prompt_ids(tokenizer, row["prompt"], recipe.rollout.continue_user_turn)
         if ours != engine.prompt_ids(row["extra_info"]["question"]):
             raise RuntimeError(f"{out}: prompt of row {row['extra_info']['index']} differs from the rollout "
                                "engine's; the verl data writer and RolloutEngine.prompt_ids disagree")
