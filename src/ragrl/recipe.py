@@ -380,7 +380,9 @@ class HarrRecipe:
     def to_config(self) -> dict:
         return {"generator": self.generator, "index": self.index, "train_dataset": self.train_dataset,
                 "eval_datasets": list(self.eval_datasets), "filter": self.filter, "filter_limit": self.filter_limit,
-                "filter_keep": self.filter_keep, "filter_seed": self.filter_seed,
+                # only when set: a job's params are this dict, and existing results should not re-run
+                **({"filter_keep": self.filter_keep} if self.filter_keep is not None else {}),
+                **({"filter_seed": self.filter_seed} if self.filter_seed is not None else {}),
                 "train_mix": None if self.train_mix is None else dict(self.train_mix),
                 "recall_k": list(self.recall_k), "environment": dataclasses.asdict(self.environment),
                 "encoder": dataclasses.asdict(self.encoder), "train": dataclasses.asdict(self.train)}

@@ -303,6 +303,8 @@ def test_autograph_ppr_keeps_one_edge_per_ordered_pair_the_last_relation():
     assert seen[1:3] == ["A s B", "a r B"]  # exact strings: "a" is another node; A-r-B was overwritten
     assert set(ranking.passage_ids) == {"p1", "p2"}
     assert rank_passages_autograph([("p1", [])], "q", embed).reason is not None
+    nan = rank_passages_autograph([("p1", [T("A", "r", "B")])], "q", lambda texts: np.full((len(texts), 2), np.nan))
+    assert nan.passage_ids == () and "did not converge" in nan.reason  # a broken embedder: no ranking, no crash
 
 
 def test_a_graph_without_triples_gives_recall_zero_and_a_reason(caplog):

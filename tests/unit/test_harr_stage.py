@@ -219,6 +219,8 @@ def test_filter_keep_stops_at_its_target_in_the_order_filter_seed_gives(monkeypa
             parse_harr({**BASE, key: bad})
     again = parse_harr(parse_harr({**BASE, "filter_keep": 2400, "filter_seed": 42}).to_config())
     assert (again.filter_keep, again.filter_seed) == (2400, 42)
+    # unset, they stay out of the jobs' params: results made before they existed do not re-run
+    assert not {"filter_keep", "filter_seed"} & set(parse_harr(BASE).to_config())
 
 
 def test_a_filter_that_keeps_nothing_fails_saying_why(monkeypatch, tmp_path, world):

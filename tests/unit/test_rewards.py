@@ -83,7 +83,10 @@ def test_cover_exact_match():
     assert cover_exact_match("19745", ["1974"]) == 1.0  # character level, as in Search-R1
     assert cover_exact_match("Lyon", ["Paris"]) == 0.0
     assert cover_exact_match("anything", ["the"]) == 0.0
-    assert cover_exact_match("it is The The", ["The The"]) == 1.0  # compared with its articles kept
+    assert cover_exact_match("it is The The", ["The The"]) == 1.0  # compared with its articles kept...
+    for pred, gold in (("Paris", "A"), ("other", "The"), ("the theatre", "The The"), ("an ant", "A")):
+        assert cover_exact_match(pred, [gold]) == 0.0, (pred, gold)  # ...as whole words
+    assert cover_exact_match("a", ["A"]) == 1.0
     assert cover_exact_match("anything", ["?!"]) == 0.0  # nothing either way: covers nothing
     assert cover_exact_match(None, ["x"]) == 0.0
 

@@ -295,9 +295,10 @@ def rank_passages_autograph(docs: Iterable[tuple[str, Sequence[Triple]]], questi
       min-max normalised over all edges (all equal: 1), the top `top_triples` by np.argsort;
     - each head and tail seeded by the mean normalised score of the top edges naming it;
     - networkx.pagerank with its defaults, dangling passages returning mass along the seeds;
-    - every passage node ranked by its mass, the ones the walk never reached (mass 0) included,
-      ties in the graph's node order (so a top 5 over few reached passages is filled in document
-      order)."""
+    - every passage node ranked by its mass, the ones the walk never reached included (mass 0, or
+      the trace networkx's iteration leaves on a cycle), ties in the graph's node order (so a top 5
+      over few reached passages is filled with the others).
+    An embedder that returns NaN leaves the walk unconverged: an empty ranking with its reason."""
     import networkx as nx
 
     kg = nx.DiGraph()
@@ -325,7 +326,10 @@ def rank_passages_autograph(docs: Iterable[tuple[str, Sequence[Triple]]], questi
         head, tail, _ = edges[i]
         seeds.setdefault(head, []).append(float(scores[i]))
         seeds.setdefault(tail, []).append(float(scores[i]))
-    mass = nx.pagerank(kg, alpha=alpha, personalization={n: sum(v) / len(v) for n, v in seeds.items()})
+    try:
+        mass = nx.pagerank(kg, alpha=alpha, personalization={n: sum(v) / len(v) for n, v in seeds.items()})
+    except (nx.PowerIterationFailedConvergence, ZeroDivisionError) as exc:
+        return _empty(f"PageRank did not converge ({type(exc).__name__}): the triple scores are not finite")
     ranked = sorted(((n[1], m) for n, m in mass.items() if kg.nodes[n]["node_type"] == "text"),
                     key=lambda item: item[1], reverse=True)
     return PassageRanking(tuple(p for p, _ in ranked), tuple(float(m) for _, m in ranked))

@@ -86,12 +86,20 @@ def _f1_one(pred: str, gold: str) -> float:
 def cover_exact_match(pred: str | None, golds: str | Iterable[str]) -> float:
     """1.0 if some normalised gold is a substring of the normalised prediction.
 
-    Character-level, as in Search-R1's `subem`: gold "1974" covers "in 1974" and also "19745";
-    a gold that normalises to nothing is compared with its articles kept, as in `exact_match`.
+    Character-level, as in Search-R1's `subem`: gold "1974" covers "in 1974" and also "19745". A
+    gold that normalises to nothing is compared with its articles kept, as in `exact_match`, and
+    as whole words: character-level, "A" would cover every answer with an "a" in it.
     """
     if pred is None:
         return 0.0
-    return float(any(c is not None and c[1] in c[0] for c in (_compared(pred, g) for g in _golds(golds))))
+    return float(any(_covers(pred, g) for g in _golds(golds)))
+
+
+def _covers(pred: str, gold: str) -> bool:
+    if normalize_answer(gold):
+        return normalize_answer(gold) in normalize_answer(pred)
+    kept = _keep_articles(gold)
+    return bool(kept) and f" {kept} " in f" {_keep_articles(pred)} "
 
 
 def strip_observations(text: str) -> str:
