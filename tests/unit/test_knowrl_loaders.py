@@ -48,7 +48,47 @@ def test_truthfulqa_csv_and_hf_jsonl():
     assert rows("truthfulqa", QA / "truthfulqa_generation.jsonl") == got[:1]
 
 
+def test_gpqa_csv_shuffles_the_options_per_record_and_keeps_letter_and_text():
+    import random
+
+    got = rows("gpqa", QA / "gpqa.csv")
+    assert [r["id"] for r in got] == ["gpqa-recA1", "gpqa-recB2"]
+    first = got[0]
+    # the seeded order, computed here as the reader must: options [right, wrong 1, 2, 3] shuffled
+    order = list(range(4))
+    random.Random("gpqa:recA1").shuffle(order)
+    shown = [["Xenon", "Helium", "Neon", "Argon"][k] for k in order]
+    letter = "ABCD"[order.index(0)]
+    assert first["question"] == ("Which gas, at room temperature and pressure, is the densest?\n"
+                                 + "\n".join(f"({c}) {o}" for c, o in zip("ABCD", shown)))
+    assert first["golden_answers"] == [letter, "Xenon"]
+    assert first["metadata"] == {"choices": shown, "answer_letter": letter, "record_id": "recA1", "domain": "Chemistry"}
+    assert rows("gpqa", QA / "gpqa.csv") == got  # the same order every time
+    assert {r["metadata"]["answer_letter"] for r in got} <= set("ABCD")
+
+
+def test_aime_jsonl_keeps_the_answer_as_written_and_without_leading_zeros():
+    got = rows("aime", QA / "aime.jsonl")
+    assert [r["id"] for r in got] == ["aime-60", "aime-61"]
+    assert got[0]["question"] == "Find the remainder when 7^2024 is divided by 100."
+    assert got[0]["golden_answers"] == ["001", "1"] and got[1]["golden_answers"] == ["24"]
+
+
+def test_chinese_simpleqa_jsonl():
+    got = rows("chinese_simpleqa", QA / "chinese_simpleqa.jsonl")
+    assert [(r["id"], r["question"], r["golden_answers"]) for r in got] == [
+        ("chinese_simpleqa-csqa-1", "氙的原子序数是多少？", ["54"]), ("chinese_simpleqa-csqa-2", "奥塞尔桥位于哪条河上？", ["塔姆河"])]
+    assert got[0]["metadata"] == {"primary_category": "自然与自然科学", "secondary_category": "化学"}
+
+
 @pytest.mark.parametrize("fmt, text, needle", [
+    ("gpqa", "Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2\nq,a,b,c\n",
+     ":1: missing column\\(s\\) \\['Incorrect Answer 3'\\]"),
+    ("gpqa", "Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\nq,a,b,,d\n",
+     ":2: field 'Incorrect Answer 2': must not be empty"),
+    ("aime", '{"problem": "p", "answer": 1}\n{"problem": "q", "answer": null}\n', ":2: field 'answer': expected an integer"),
+    ("aime", '{"problem": "", "answer": 1}\n', ":1: field 'problem': must not be"),
+    ("chinese_simpleqa", '{"question": "q", "answer": " "}\n', ":1: field 'answer': must not be"),
     ("simpleqa", "metadata,question,answer\n{},q,a\n", ":1: missing column\\(s\\) \\['problem'\\]"),
     ("simpleqa", "metadata,problem,answer\n{},q,a\n{},,a\n", ":3: field 'problem': must not be empty"),
     ("simpleqa", "metadata,problem,answer\n{},q,a\n\"{'topic': \",q,a\n", ":3: field 'metadata': not a dict literal"),

@@ -19,6 +19,12 @@ store an empty struct). Formats:
   Answers,Source`, answer lists joined by "; "), or the Hugging Face `truthful_qa` generation rows
   as JSONL (`type, category, question, best_answer, correct_answers, incorrect_answers, source`);
   golden_answers = the best answer, then the other correct ones; ids `truthfulqa-<row>`.
+- `gpqa`: GPQA's CSV (`Question`, `Correct Answer`, `Incorrect Answer 1..3`, optional `Record ID`):
+  the options shuffled per question (seeded by its Record ID) and listed under it as "(A) …";
+  golden_answers = the right letter, then its text; ids `gpqa-<Record ID or row>`.
+- `aime`: AIME problems as JSONL (`question`/`problem`/`Problem`, `answer`/`Answer`); golden_answers
+  the answer as written and without leading zeros; ids `aime-<id or row>`.
+- `chinese_simpleqa`: Chinese SimpleQA JSONL (`question`, `answer`, `id`, categories in metadata).
 - `knowrl`: KnowRL's RL data (data/rl/knowrl_RLdata.json): a JSON array of `{question, answers,
   title}`, `answers` one string, `title` the KB titles of the question joined by ';' (kept in
   metadata, where the KnowRL method finds its topic); ids `knowrl-<index>`.
@@ -64,7 +70,8 @@ QA_SCHEMA = pa.schema(
         ("metadata", pa.string()),
     ]
 )
-QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique", "kgqa", "simpleqa", "truthfulqa", "knowrl")
+QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique", "kgqa", "simpleqa", "truthfulqa", "knowrl", "gpqa",
+              "aime", "chinese_simpleqa")
 
 Row = dict
 Located = Iterator[tuple[Where, Row]]
@@ -275,7 +282,65 @@ def _knowrl(path: PathLike) -> Located:
         yield at, _row(f"knowrl-{i}", question, [answer.strip()], [], {"title": title} if title.strip() else {})
 
 
+_GPQA_CSV = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+CHOICE_LETTERS = "ABCD"
+
+
+def _gpqa(path: PathLike) -> Located:
+    """GPQA's CSV (gpqa_diamond.csv, gpqa_main.csv): the four options shuffled per question (seeded
+    by its Record ID, so every run and reader shows the same order) and listed after the question
+    as "(A) …"; golden_answers = the right option's letter, then its text."""
+    for i, (at, row) in enumerate(_csv_rows(path, _GPQA_CSV)):
+        question = row["Question"].strip()
+        if not question:
+            raise at.error("must not be empty", "Question")
+        options = [row[c].strip() for c in _GPQA_CSV[1:]]
+        for column, text in zip(_GPQA_CSV[1:], options):
+            if not text:
+                raise at.error("must not be empty", column)
+        record = (row.get("Record ID") or "").strip() or str(i)
+        order = list(range(4))
+        random.Random(f"gpqa:{record}").shuffle(order)
+        shown = [options[k] for k in order]
+        letter = CHOICE_LETTERS[order.index(0)]
+        text = question + "\n" + "\n".join(f"({CHOICE_LETTERS[j]}) {o}" for j, o in enumerate(shown))
+        metadata = {"choices": shown, "answer_letter": letter, "record_id": record}
+        if (row.get("High-level domain") or "").strip():
+            metadata["domain"] = row["High-level domain"].strip()
+        yield at, _row(f"gpqa-{record}", text, _unique([letter, options[0]]), [], metadata)
+
+
+def _aime(path: PathLike) -> Located:
+    """AIME problems as JSONL: the problem under `question`, `problem` or `Problem`, the integer
+    answer under `answer` or `Answer` (a number or a string); golden_answers = the answer as
+    written and without leading zeros ("033", "33")."""
+    for i, (at, record) in enumerate(iter_jsonl(path)):
+        key = next((k for k in ("question", "problem", "Problem") if k in record), "question")
+        question = get_str(record, key, at, nonblank=True)
+        answer_key = "Answer" if "Answer" in record and "answer" not in record else "answer"
+        raw = record.get(answer_key)
+        if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip():
+            raise at.error(f"expected an integer answer (a number or a string), got {json_kind(raw)}", answer_key)
+        written = str(raw).strip()
+        answers = [written] + ([str(int(written))] if written.isdigit() else [])
+        qid = record.get("id", record.get("ID", i))
+        yield at, _row(f"aime-{qid}", question.strip(), _unique(answers), [], {})
+
+
+def _chinese_simpleqa(path: PathLike) -> Located:
+    """Chinese SimpleQA as JSONL (`question`, `answer`, optional `id` and the categories, kept in
+    metadata); ids `chinese_simpleqa-<id or row>`."""
+    for i, (at, record) in enumerate(iter_jsonl(path)):
+        question = get_str(record, "question", at, nonblank=True)
+        answer = get_str(record, "answer", at, nonblank=True)
+        metadata = {k: record[k] for k in ("primary_category", "secondary_category") if isinstance(record.get(k), str)}
+        yield at, _row(f"chinese_simpleqa-{record.get('id', i)}", question.strip(), [answer.strip()], [], metadata)
+
+
 _LOADERS: dict[str, Callable[[PathLike], Located]] = {
+    "gpqa": _gpqa,
+    "aime": _aime,
+    "chinese_simpleqa": _chinese_simpleqa,
     "knowrl": _knowrl,
     "simpleqa": _simpleqa,
     "truthfulqa": _truthfulqa,
