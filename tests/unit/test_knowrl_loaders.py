@@ -61,7 +61,7 @@ def test_gpqa_csv_shuffles_the_options_per_record_and_keeps_letter_and_text():
     letter = "ABCD"[order.index(0)]
     assert first["question"] == ("Which gas, at room temperature and pressure, is the densest?\n"
                                  + "\n".join(f"({c}) {o}" for c, o in zip("ABCD", shown)))
-    assert first["golden_answers"] == [letter, "Xenon"]
+    assert first["golden_answers"] == [letter, "Xenon", f"({letter}) Xenon"]
     assert first["metadata"] == {"choices": shown, "answer_letter": letter, "record_id": "recA1", "domain": "Chemistry"}
     assert rows("gpqa", QA / "gpqa.csv") == got  # the same order every time
     assert {r["metadata"]["answer_letter"] for r in got} <= set("ABCD")
@@ -86,8 +86,18 @@ def test_chinese_simpleqa_jsonl():
      ":1: missing column\\(s\\) \\['Incorrect Answer 3'\\]"),
     ("gpqa", "Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3\nq,a,b,,d\n",
      ":2: field 'Incorrect Answer 2': must not be empty"),
-    ("aime", '{"problem": "p", "answer": 1}\n{"problem": "q", "answer": null}\n', ":2: field 'answer': expected an integer"),
+    ("aime", '{"problem": "p", "answer": 1}\n{"problem": "q", "answer": null}\n', ":2: field 'answer': expected a whole number"),
     ("aime", '{"problem": "", "answer": 1}\n', ":1: field 'problem': must not be"),
+    ("aime", '{"answer": 1}\n', ":1: missing: the problem under 'question', 'problem' or 'Problem'"),
+    ("aime", '{"problem": "p", "answer": "1.5"}\n', ":1: field 'answer': expected a whole number"),
+    ("aime", '{"problem": "p", "answer": -3}\n', ":1: field 'answer': expected a whole number"),
+    ("aime", '{"problem": "p", "answer": 24.0}\n', ":1: field 'answer': expected a whole number"),
+    ("aime", '{"problem": "p", "answer": "\u00b2"}\n', ":1: field 'answer': expected a whole number"),
+    ("aime", '{"problem": "p", "answer": " "}\n', ":1: field 'answer': expected a whole number"),
+    ("aime", '{"problem": "p", "answer": 3, "id": {"x": 1}}\n', ":1: field 'id': expected a string or integer id"),
+    ("chinese_simpleqa", '{"question": "q", "answer": "a", "id": 1.5}\n', ":1: field 'id': expected a string or integer"),
+    ("gpqa", "Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3,Record ID\n"
+             "q,a,b,c,d, \n", ":2: field 'Record ID': must not be empty"),
     ("chinese_simpleqa", '{"question": "q", "answer": " "}\n', ":1: field 'answer': must not be"),
     ("simpleqa", "metadata,question,answer\n{},q,a\n", ":1: missing column\\(s\\) \\['problem'\\]"),
     ("simpleqa", "metadata,problem,answer\n{},q,a\n{},,a\n", ":3: field 'problem': must not be empty"),

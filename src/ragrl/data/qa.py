@@ -289,7 +289,9 @@ CHOICE_LETTERS = "ABCD"
 def _gpqa(path: PathLike) -> Located:
     """GPQA's CSV (gpqa_diamond.csv, gpqa_main.csv): the four options shuffled per question (seeded
     by its Record ID, so every run and reader shows the same order) and listed after the question
-    as "(A) …"; golden_answers = the right option's letter, then its text."""
+    as "(A) …"; golden_answers = the right option's letter, its text, and the two as listed
+    ("(C) Xenon"; "C. Xenon" normalises alike). SQuAD normalisation drops the article "a", so
+    "(A) Xenon" reads as the text alone: right whatever the letter, as "Xenon" is."""
     for i, (at, row) in enumerate(_csv_rows(path, _GPQA_CSV)):
         question = row["Question"].strip()
         if not question:
@@ -298,7 +300,11 @@ def _gpqa(path: PathLike) -> Located:
         for column, text in zip(_GPQA_CSV[1:], options):
             if not text:
                 raise at.error("must not be empty", column)
-        record = (row.get("Record ID") or "").strip() or str(i)
+        record = str(i)
+        if "Record ID" in row:
+            record = (row["Record ID"] or "").strip()
+            if not record:  # it seeds the option order: a row number would change with the file's order
+                raise at.error("must not be empty", "Record ID")
         order = list(range(4))
         random.Random(f"gpqa:{record}").shuffle(order)
         shown = [options[k] for k in order]
@@ -307,24 +313,29 @@ def _gpqa(path: PathLike) -> Located:
         metadata = {"choices": shown, "answer_letter": letter, "record_id": record}
         if (row.get("High-level domain") or "").strip():
             metadata["domain"] = row["High-level domain"].strip()
-        yield at, _row(f"gpqa-{record}", text, _unique([letter, options[0]]), [], metadata)
+        yield at, _row(f"gpqa-{record}", text, _unique([letter, options[0], f"({letter}) {options[0]}"]), [],
+                       metadata)
 
 
 def _aime(path: PathLike) -> Located:
-    """AIME problems as JSONL: the problem under `question`, `problem` or `Problem`, the integer
-    answer under `answer` or `Answer` (a number or a string); golden_answers = the answer as
-    written and without leading zeros ("033", "33")."""
+    """AIME problems as JSONL: the problem under `question`, `problem` or `Problem`, the answer (an
+    integer, 0-999) under `answer` or `Answer`, as a number or a string of digits; golden_answers =
+    the answer as written and without leading zeros ("033", "33"); ids from `id` or `ID` (a
+    string or an integer), else the row."""
     for i, (at, record) in enumerate(iter_jsonl(path)):
-        key = next((k for k in ("question", "problem", "Problem") if k in record), "question")
+        key = next((k for k in ("question", "problem", "Problem") if k in record), None)
+        if key is None:
+            raise at.error("missing: the problem under 'question', 'problem' or 'Problem'")
         question = get_str(record, key, at, nonblank=True)
         answer_key = "Answer" if "Answer" in record and "answer" not in record else "answer"
         raw = record.get(answer_key)
-        if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip():
-            raise at.error(f"expected an integer answer (a number or a string), got {json_kind(raw)}", answer_key)
-        written = str(raw).strip()
-        answers = [written] + ([str(int(written))] if written.isdigit() else [])
-        qid = record.get("id", record.get("ID", i))
-        yield at, _row(f"aime-{qid}", question.strip(), _unique(answers), [], {})
+        written = raw.strip() if isinstance(raw, str) else str(raw) if isinstance(raw, int) and raw >= 0 else ""
+        if isinstance(raw, bool) or not (written.isascii() and written.isdigit()):
+            raise at.error(f"expected a whole number >= 0 (AIME's answers are 0-999), got {json_kind(raw)} {raw!r:.40}",
+                           answer_key)
+        id_key = next((k for k in ("id", "ID") if record.get(k) is not None), None)
+        qid = get_id(record, id_key, at) if id_key else str(i)
+        yield at, _row(f"aime-{qid}", question.strip(), _unique([written, written.lstrip("0") or "0"]), [], {})
 
 
 def _chinese_simpleqa(path: PathLike) -> Located:
@@ -334,7 +345,8 @@ def _chinese_simpleqa(path: PathLike) -> Located:
         question = get_str(record, "question", at, nonblank=True)
         answer = get_str(record, "answer", at, nonblank=True)
         metadata = {k: record[k] for k in ("primary_category", "secondary_category") if isinstance(record.get(k), str)}
-        yield at, _row(f"chinese_simpleqa-{record.get('id', i)}", question.strip(), [answer.strip()], [], metadata)
+        qid = get_id(record, "id", at) if record.get("id") is not None else str(i)
+        yield at, _row(f"chinese_simpleqa-{qid}", question.strip(), [answer.strip()], [], metadata)
 
 
 _LOADERS: dict[str, Callable[[PathLike], Located]] = {
