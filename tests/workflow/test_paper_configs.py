@@ -293,7 +293,8 @@ def test_harr_paper_config_trains_the_retriever_with_a_served_generator(tmp_path
 @pytest.mark.slow
 def test_knowrl_paper_config_resolves_sft_rl_and_simpleqa_evaluation(tmp_path):
     """KnowRL: their KB taken as is, their cold-start file imported, GRPO with the paper's reward
-    and judge settings, the untrained, SFT and RL policies graded on SimpleQA and TruthfulQA."""
+    and judge settings, the untrained, SFT and RL policies graded on their README's five benchmarks
+    (SimpleQA, TruthfulQA, Chinese SimpleQA, GPQA, AIME)."""
     config = _merged(KNOWRL_PAPER)
     assert list(config["recipes"]) == ["knowrl"] and list(config["kbs"]) == ["knowrl"]
     _assert_sources_are_user_data(config)
@@ -311,7 +312,8 @@ def test_knowrl_paper_config_resolves_sft_rl_and_simpleqa_evaluation(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert seconds < 60, f"dry run took {seconds:.1f} s"
     counts = _job_counts(out)
-    expected = {"kb": 1, "qa": 3, "sft_data": 1, "sft": 1, "rl": 1, "eval": 3, "results_db": 1}
+    # qa: the RL data and the five benchmarks; eval: one job per policy, every benchmark in it
+    expected = {"kb": 1, "qa": 6, "sft_data": 1, "sft": 1, "rl": 1, "eval": 3, "results_db": 1}
     for rule, n in expected.items():
         assert counts.get(rule) == n, f"{rule}: {counts.get(rule)} jobs planned, expected {n}; plan: {counts}"
     for rule in ("corpus", "index", "embed_shard", "pretrain", "tiny_model", "harr_train"):
