@@ -70,8 +70,6 @@ QA_SCHEMA = pa.schema(
         ("metadata", pa.string()),
     ]
 )
-QA_FORMATS = ("flashrag", "hotpotqa", "2wikimultihopqa", "musique", "kgqa", "simpleqa", "truthfulqa", "knowrl", "gpqa",
-              "aime", "chinese_simpleqa")
 
 Row = dict
 Located = Iterator[tuple[Where, Row]]
@@ -283,7 +281,13 @@ def _knowrl(path: PathLike) -> Located:
 
 
 _GPQA_CSV = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
-CHOICE_LETTERS = "ABCD"
+_LETTERS = "ABCD"
+
+
+def _optional_id(record: dict, keys: Sequence[str], at: Where, row: int) -> str:
+    """The record's id under the first of `keys` it holds (not null), checked as an id; else its row."""
+    key = next((k for k in keys if record.get(k) is not None), None)
+    return get_id(record, key, at) if key else str(row)
 
 
 def _gpqa(path: PathLike) -> Located:
@@ -293,13 +297,10 @@ def _gpqa(path: PathLike) -> Located:
     ("(C) Xenon"; "C. Xenon" normalises alike). SQuAD normalisation drops the article "a", so
     "(A) Xenon" reads as the text alone: right whatever the letter, as "Xenon" is."""
     for i, (at, row) in enumerate(_csv_rows(path, _GPQA_CSV)):
-        question = row["Question"].strip()
-        if not question:
-            raise at.error("must not be empty", "Question")
-        options = [row[c].strip() for c in _GPQA_CSV[1:]]
-        for column, text in zip(_GPQA_CSV[1:], options):
-            if not text:
+        for column in _GPQA_CSV:
+            if not row[column].strip():
                 raise at.error("must not be empty", column)
+        question, *options = (row[c].strip() for c in _GPQA_CSV)
         record = str(i)
         if "Record ID" in row:
             record = (row["Record ID"] or "").strip()
@@ -308,8 +309,8 @@ def _gpqa(path: PathLike) -> Located:
         order = list(range(4))
         random.Random(f"gpqa:{record}").shuffle(order)
         shown = [options[k] for k in order]
-        letter = CHOICE_LETTERS[order.index(0)]
-        text = question + "\n" + "\n".join(f"({CHOICE_LETTERS[j]}) {o}" for j, o in enumerate(shown))
+        letter = _LETTERS[order.index(0)]
+        text = question + "\n" + "\n".join(f"({_LETTERS[j]}) {o}" for j, o in enumerate(shown))
         metadata = {"choices": shown, "answer_letter": letter, "record_id": record}
         if (row.get("High-level domain") or "").strip():
             metadata["domain"] = row["High-level domain"].strip()
@@ -329,12 +330,12 @@ def _aime(path: PathLike) -> Located:
         question = get_str(record, key, at, nonblank=True)
         answer_key = "Answer" if "Answer" in record and "answer" not in record else "answer"
         raw = record.get(answer_key)
-        written = raw.strip() if isinstance(raw, str) else str(raw) if isinstance(raw, int) and raw >= 0 else ""
-        if isinstance(raw, bool) or not (written.isascii() and written.isdigit()):
+        # a bool is an int, and "²".isdigit(): only a plain number or a string of ASCII digits
+        written = raw.strip() if isinstance(raw, str) else str(raw) if type(raw) is int else ""
+        if not (written.isascii() and written.isdigit()):
             raise at.error(f"expected a whole number >= 0 (AIME's answers are 0-999), got {json_kind(raw)} {raw!r:.40}",
                            answer_key)
-        id_key = next((k for k in ("id", "ID") if record.get(k) is not None), None)
-        qid = get_id(record, id_key, at) if id_key else str(i)
+        qid = _optional_id(record, ("id", "ID"), at, i)
         yield at, _row(f"aime-{qid}", question.strip(), _unique([written, written.lstrip("0") or "0"]), [], {})
 
 
@@ -345,23 +346,24 @@ def _chinese_simpleqa(path: PathLike) -> Located:
         question = get_str(record, "question", at, nonblank=True)
         answer = get_str(record, "answer", at, nonblank=True)
         metadata = {k: record[k] for k in ("primary_category", "secondary_category") if isinstance(record.get(k), str)}
-        qid = get_id(record, "id", at) if record.get("id") is not None else str(i)
+        qid = _optional_id(record, ("id",), at, i)
         yield at, _row(f"chinese_simpleqa-{qid}", question.strip(), [answer.strip()], [], metadata)
 
 
 _LOADERS: dict[str, Callable[[PathLike], Located]] = {
-    "gpqa": _gpqa,
-    "aime": _aime,
-    "chinese_simpleqa": _chinese_simpleqa,
-    "knowrl": _knowrl,
-    "simpleqa": _simpleqa,
-    "truthfulqa": _truthfulqa,
-    "kgqa": _kgqa,
     "flashrag": _flashrag,
     "hotpotqa": _hotpot_like("hotpotqa"),
     "2wikimultihopqa": _hotpot_like("2wikimultihopqa"),
     "musique": _musique,
+    "kgqa": _kgqa,
+    "simpleqa": _simpleqa,
+    "truthfulqa": _truthfulqa,
+    "knowrl": _knowrl,
+    "gpqa": _gpqa,
+    "aime": _aime,
+    "chinese_simpleqa": _chinese_simpleqa,
 }
+QA_FORMATS = tuple(_LOADERS)
 
 
 def row_metadata(row: dict) -> dict:

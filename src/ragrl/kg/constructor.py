@@ -304,24 +304,22 @@ def episodes_from_world(qa_rows: Sequence[dict], passages: Sequence[dict], *, ne
         rows.append((row, support))
     if negatives and search is None:
         raise InputError("hard negatives need a retriever (search)")
-    by_support: dict[str, list[str]] = {}
-    if negatives and negatives_from == "supporting":
-        texts = list(dict.fromkeys(s for _, support in rows for s in support))
-        found = search([_passage_text(by_id[s]) for s in texts], negatives + 8) if texts else []
-        by_support = {s: [str(h["id"]) for h in hits] for s, hits in zip(texts, found)}
-        hits_per_row: list[list[dict]] = [[] for _ in rows]
-    elif negatives:
-        hits_per_row = search([str(row["question"]) for row, _ in rows], negatives + 8)
-    else:
-        hits_per_row = [[] for _ in rows]
+    per_support = bool(negatives) and negatives_from == "supporting"
+    # the retriever's best for each question, or for each supporting passage (its text the query)
+    queries = ([str(row["question"]) for row, _ in rows] if not per_support
+               else list(dict.fromkeys(s for _, support in rows for s in support)))
+    found = search([q if not per_support else _passage_text(by_id[q]) for q in queries], negatives + 8) \
+        if negatives and queries else [[] for _ in queries]
+    nearest = [[str(h["id"]) for h in hits] for hits in found]
+    by_support = dict(zip(queries, nearest)) if per_support else {}
     episodes = []
-    for (row, support), found in zip(rows, hits_per_row):
+    for r, (row, support) in enumerate(rows):
         wanted = max(negatives - len(support), 0) if in_all else negatives
-        if by_support:
+        if per_support:
             ids = support + _negatives_per_support(support, by_support, wanted, by_id,
                                                    random.Random(f"{shuffle_seed}:{row['id']}:negatives"))
         else:
-            extra = [str(h["id"]) for h in found if str(h["id"]) not in support and str(h["id"]) in by_id]
+            extra = [h for h in nearest[r] if h not in support and h in by_id]
             ids = support + list(dict.fromkeys(extra))[:wanted]
         if shuffle_seed is not None:
             random.Random(f"{shuffle_seed}:{row['id']}").shuffle(ids)

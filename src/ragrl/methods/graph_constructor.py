@@ -80,12 +80,10 @@ class GraphConstructorOptions:
     sft_turns: int = 1
 
     def __post_init__(self) -> None:
-        from ragrl.kg.constructor import PPR_MODES, REWARD_MODES
+        from ragrl.kg.constructor import NEGATIVES_FROM, PPR_MODES, REWARD_MODES
 
         if self.reward not in REWARD_MODES:
             raise InputError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
-        from ragrl.kg.constructor import NEGATIVES_FROM
-
         if self.negatives_from not in NEGATIVES_FROM:
             raise InputError(f"negatives_from must be one of {NEGATIVES_FROM}, got {self.negatives_from!r}")
         if self.ppr not in PPR_MODES:

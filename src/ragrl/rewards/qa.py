@@ -36,26 +36,27 @@ def _golds(golds: str | Iterable[str]) -> list[str]:
     return [golds] if isinstance(golds, str) else [g for g in golds if isinstance(g, str)]
 
 
-def normalize_answer(s: str) -> str:
-    """SQuAD: lowercase, drop ASCII punctuation, drop articles a/an/the, collapse whitespace."""
-    s = "".join(ch for ch in s.lower() if ch not in _PUNCT)
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
-
-
 def _keep_articles(s: str) -> str:
+    """SQuAD's normalisation but the articles: lowercase, drop ASCII punctuation, collapse whitespace."""
     return " ".join("".join(ch for ch in s.lower() if ch not in _PUNCT).split())
 
 
-def _compared(pred: str, gold: str) -> tuple[str, str] | None:
-    """The prediction and gold as the metrics compare them: both SQuAD-normalised, or, for a gold
-    that normalises to nothing ("The The", "A"), both with their articles kept, so that "the the"
-    matches it and an empty or article-only answer does not (under plain SQuAD it matches every
-    such answer: a reward a policy finds). None when the gold is nothing either way ("?")."""
+def normalize_answer(s: str) -> str:
+    """SQuAD: lowercase, drop ASCII punctuation, drop articles a/an/the, collapse whitespace."""
+    return " ".join(_ARTICLES.sub(" ", _keep_articles(s)).split())
+
+
+def _compared(pred: str, gold: str) -> tuple[str, str, bool] | None:
+    """The prediction and gold as the metrics compare them, and whether as whole words only: both
+    SQuAD-normalised, or, for a gold that normalises to nothing ("The The", "A"), both with their
+    articles kept and whole words only, so that "the the" matches it and an empty or article-only
+    answer does not (under plain SQuAD it matches every such answer: a reward a policy finds; and
+    character-level, "A" would cover every answer with an "a" in it). None when the gold is
+    nothing either way ("?")."""
     if g := normalize_answer(gold):
-        return normalize_answer(pred), g
+        return normalize_answer(pred), g, False
     if g := _keep_articles(gold):
-        return _keep_articles(pred), g
+        return _keep_articles(pred), g, True
     return None
 
 
@@ -86,20 +87,13 @@ def _f1_one(pred: str, gold: str) -> float:
 def cover_exact_match(pred: str | None, golds: str | Iterable[str]) -> float:
     """1.0 if some normalised gold is a substring of the normalised prediction.
 
-    Character-level, as in Search-R1's `subem`: gold "1974" covers "in 1974" and also "19745". A
-    gold that normalises to nothing is compared with its articles kept, as in `exact_match`, and
-    as whole words: character-level, "A" would cover every answer with an "a" in it.
+    Character-level, as in Search-R1's `subem`: gold "1974" covers "in 1974" and also "19745"; a
+    gold that normalises to nothing as whole words (`_compared`).
     """
     if pred is None:
         return 0.0
-    return float(any(_covers(pred, g) for g in _golds(golds)))
-
-
-def _covers(pred: str, gold: str) -> bool:
-    if normalize_answer(gold):
-        return normalize_answer(gold) in normalize_answer(pred)
-    kept = _keep_articles(gold)
-    return bool(kept) and f" {kept} " in f" {_keep_articles(pred)} "
+    return float(any(c is not None and (f" {c[1]} " in f" {c[0]} " if c[2] else c[1] in c[0])
+                     for c in (_compared(pred, g) for g in _golds(golds))))
 
 
 def strip_observations(text: str) -> str:
