@@ -43,6 +43,10 @@ With --sampled K: what RL optimises, on held-out questions. The run's SFT and RL
 command at the recipe's rollout temperature (`ragrl eval --temperature recipe --seed k`, k = 0..K-1),
 each question's EM averaged over its K samples, each model paired with the SFT per dataset. Greedy
 EM (the tables') can stay level while the sampled policy RL trains improves, or the other way.
+And where RL's samples reach: of the questions the SFT model answers wrong greedily, how many it
+answers right in any of its K samples (all on-policy RL can reinforce there), of those it answers
+right, how many its samples rarely do, and each model's greedy gains and losses against the SFT
+with the SFT's sampled success on those questions (OUT/<name>_sampled/summary.json, "headroom").
 
 With --diagnose: G sampled rollouts per training question with the SFT model at the recipe's
 temperature, and per question type the success rate (EM), the share of rollouts by number of
@@ -368,6 +372,7 @@ def sampled(args, results: Path, out: Path) -> None:
         for ds, dfs in frames.items():
             per_question[(name, ds)] = (pl.concat(dfs).group_by("id")
                                         .agg(pl.col("question_type").first(), pl.col(args.metric).mean(),
+                                             pl.col(args.metric).max().alias("best_of_k"),
                                              pl.col("searches").mean()).sort("id"))
     summary: dict = {"method": args.method, "samples": args.sampled, "metric": args.metric, "models": models,
                      "datasets": {}}
@@ -379,7 +384,70 @@ def sampled(args, results: Path, out: Path) -> None:
         print(f"{ds}: {name} against sft, {args.metric} the mean of {args.sampled} samples per question")
         print_rows(rows, "  ")
         summary["datasets"].setdefault(ds, {})[name] = rows
+    for ds in sorted(ds for name, ds in per_question if name == "sft"):
+        greedy = {model: greedy_predictions(results, args.method, model, path, ds) for model, path in models.items()}
+        if greedy["sft"] is None:
+            continue
+        after = {model: frame for model, frame in greedy.items() if model != "sft" and frame is not None}
+        rows = headroom(per_question[("sft", ds)], greedy["sft"], after, args.metric)
+        print(f"{ds}: where RL's samples reach, by the start's greedy answer ({args.sampled} samples per question)")
+        print_headroom(rows, args.sampled, "  ")
+        summary.setdefault("headroom", {})[ds] = rows
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def greedy_predictions(results: Path, method: str, model: str, path: str | None, dataset: str):
+    """A model's greedy test predictions: the run's own evaluation (sft, rl), or a variant's
+    (DIR/../eval of an --extra DIR); None where there are none."""
+    import polars as pl
+
+    folder = results / f"eval/{method}_{model}" if path is None else Path(path).parent / "eval"
+    file = folder / dataset / "predictions.parquet"
+    return pl.read_parquet(file) if file.exists() else None
+
+
+def headroom(sampled, greedy, after: dict, metric: str) -> dict:
+    """Per question type, what on-policy RL can reinforce from the start: of the questions the
+    start answers wrong greedily, how many have a right answer among its K samples (best of K) and
+    the mean sampled success there; of those it answers right, how many its samples get right less
+    than a quarter of the time (nothing in the reward holds them); and each later model's greedy
+    gains and losses against the start, with the start's sampled success on those questions."""
+    import polars as pl
+
+    right = 1.0 if metric == "em" else 0.5  # F1: an answer counts as right from 0.5
+    table = sampled.join(greedy.select("id", pl.col(metric).alias("greedy")), on="id")
+    for name, frame in after.items():
+        table = table.join(frame.select("id", pl.col(metric).alias(f"after:{name}")), on="id")
+    out = {}
+    for label in ["all", *sorted(set(table["question_type"].to_list()) - {None, ""})]:
+        x = table if label == "all" else table.filter(pl.col("question_type") == label)
+        wrong, ok = x.filter(pl.col("greedy") < right), x.filter(pl.col("greedy") >= right)
+        row = {"n": len(x), "greedy_wrong": len(wrong),
+               "wrong_reached": int((wrong["best_of_k"] >= right).sum()),
+               "wrong_sampled_mean": wrong[metric].mean() if len(wrong) else None,
+               "greedy_right": len(ok), "right_sampled_mean": ok[metric].mean() if len(ok) else None,
+               "right_fragile": int((ok[metric] < 0.25).sum()), "after": {}}
+        for name in after:
+            gained = x.filter((pl.col("greedy") < right) & (pl.col(f"after:{name}") >= right))
+            lost = x.filter((pl.col("greedy") >= right) & (pl.col(f"after:{name}") < right))
+            row["after"][name] = {"gained": len(gained), "lost": len(lost),
+                                  "start_sampled_on_gained": gained[metric].round(3).to_list(),
+                                  "start_sampled_on_lost": lost[metric].round(3).to_list()}
+        out[label] = row
+    return out
+
+
+def print_headroom(rows: dict, k: int, prefix: str = "") -> None:
+    def f(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    for label, row in rows.items():
+        print(f"{prefix}{label:11s} n={row['n']:3d} greedy wrong {row['greedy_wrong']:3d}: right in {k} samples "
+              f"{row['wrong_reached']:3d}, sampled mean {f(row['wrong_sampled_mean'])} | greedy right "
+              f"{row['greedy_right']:3d}: sampled mean {f(row['right_sampled_mean'])}, below 0.25 {row['right_fragile']:3d}")
+        for name, a in row["after"].items():
+            print(f"{prefix}  {name}: gains {a['gained']} (start sampled {a['start_sampled_on_gained']}), "
+                  f"losses {a['lost']} (start sampled {a['start_sampled_on_lost']})")
 
 
 def decision(args, results: Path) -> None:
