@@ -372,7 +372,7 @@ def sampled(args, results: Path, out: Path) -> None:
         for ds, dfs in frames.items():
             per_question[(name, ds)] = (pl.concat(dfs).group_by("id")
                                         .agg(pl.col("question_type").first(), pl.col(args.metric).mean(),
-                                             pl.col(args.metric).max().alias("best_of_k"),
+                                             (pl.col(args.metric) >= args.right_from).mean().alias("right_share"),
                                              pl.col("searches").mean()).sort("id"))
     summary: dict = {"method": args.method, "samples": args.sampled, "metric": args.metric, "models": models,
                      "datasets": {}}
@@ -389,7 +389,7 @@ def sampled(args, results: Path, out: Path) -> None:
         if greedy["sft"] is None:
             continue
         after = {model: frame for model, frame in greedy.items() if model != "sft" and frame is not None}
-        rows = headroom(per_question[("sft", ds)], greedy["sft"], after, args.metric)
+        rows = headroom(per_question[("sft", ds)], greedy["sft"], after, args.metric, args.right_from, ds)
         print(f"{ds}: where RL's samples reach, by the start's greedy answer ({args.sampled} samples per question)")
         print_headroom(rows, args.sampled, "  ")
         summary.setdefault("headroom", {})[ds] = rows
@@ -406,33 +406,38 @@ def greedy_predictions(results: Path, method: str, model: str, path: str | None,
     return pl.read_parquet(file) if file.exists() else None
 
 
-def headroom(sampled, greedy, after: dict, metric: str) -> dict:
-    """Per question type, what on-policy RL can reinforce from the start: of the questions the
-    start answers wrong greedily, how many have a right answer among its K samples (best of K) and
-    the mean sampled success there; of those it answers right, how many its samples get right less
-    than a quarter of the time (nothing in the reward holds them); and each later model's greedy
-    gains and losses against the start, with the start's sampled success on those questions."""
+def headroom(sampled, greedy, after: dict, metric: str, right: float, dataset: str) -> dict:
+    """Per question type, what on-policy RL can reinforce from the start (an answer is right
+    where `metric` >= `right`; `sampled` holds each question's share of right samples): of the
+    questions the start answers wrong greedily, how many any of its K samples answers right and
+    their mean share of right samples; of those it answers right, how many its samples answer right
+    less than a quarter of the time; and each later model's greedy gains and losses against the
+    start, with the start's share of right samples on those questions. Not a ceiling: RL trains on
+    other questions, and a question no sample reached can still turn."""
     import polars as pl
 
-    right = 1.0 if metric == "em" else 0.5  # F1: an answer counts as right from 0.5
-    table = sampled.join(greedy.select("id", pl.col(metric).alias("greedy")), on="id")
+    table = sampled.join(greedy.select("id", pl.col(metric).alias("greedy")), on="id", how="left")
+    for name, frame in {"greedy": greedy, **after}.items():
+        if set(frame["id"].to_list()) != set(sampled["id"].to_list()):
+            raise SystemExit(f"{dataset}: {name}'s greedy predictions and the sampled passes hold different "
+                             "questions: not a paired comparison")
     for name, frame in after.items():
-        table = table.join(frame.select("id", pl.col(metric).alias(f"after:{name}")), on="id")
+        table = table.join(frame.select("id", pl.col(metric).alias(f"after:{name}")), on="id", how="left")
     out = {}
     for label in ["all", *sorted(set(table["question_type"].to_list()) - {None, ""})]:
         x = table if label == "all" else table.filter(pl.col("question_type") == label)
         wrong, ok = x.filter(pl.col("greedy") < right), x.filter(pl.col("greedy") >= right)
         row = {"n": len(x), "greedy_wrong": len(wrong),
-               "wrong_reached": int((wrong["best_of_k"] >= right).sum()),
-               "wrong_sampled_mean": wrong[metric].mean() if len(wrong) else None,
-               "greedy_right": len(ok), "right_sampled_mean": ok[metric].mean() if len(ok) else None,
-               "right_fragile": int((ok[metric] < 0.25).sum()), "after": {}}
+               "wrong_reached": int((wrong["right_share"] > 0).sum()),
+               "wrong_right_share": wrong["right_share"].mean() if len(wrong) else None,
+               "greedy_right": len(ok), "right_right_share": ok["right_share"].mean() if len(ok) else None,
+               "right_fragile": int((ok["right_share"] < 0.25).sum()), "after": {}}
         for name in after:
             gained = x.filter((pl.col("greedy") < right) & (pl.col(f"after:{name}") >= right))
             lost = x.filter((pl.col("greedy") >= right) & (pl.col(f"after:{name}") < right))
             row["after"][name] = {"gained": len(gained), "lost": len(lost),
-                                  "start_sampled_on_gained": gained[metric].round(3).to_list(),
-                                  "start_sampled_on_lost": lost[metric].round(3).to_list()}
+                                  "start_right_share_on_gained": gained["right_share"].round(3).to_list(),
+                                  "start_right_share_on_lost": lost["right_share"].round(3).to_list()}
         out[label] = row
     return out
 
@@ -442,12 +447,13 @@ def print_headroom(rows: dict, k: int, prefix: str = "") -> None:
         return "-" if value is None else f"{value:.3f}"
 
     for label, row in rows.items():
-        print(f"{prefix}{label:11s} n={row['n']:3d} greedy wrong {row['greedy_wrong']:3d}: right in {k} samples "
-              f"{row['wrong_reached']:3d}, sampled mean {f(row['wrong_sampled_mean'])} | greedy right "
-              f"{row['greedy_right']:3d}: sampled mean {f(row['right_sampled_mean'])}, below 0.25 {row['right_fragile']:3d}")
+        print(f"{prefix}{label:11s} n={row['n']:3d} greedy wrong {row['greedy_wrong']:3d}: right in any of {k} samples "
+              f"{row['wrong_reached']:3d}, share of samples right {f(row['wrong_right_share'])} | greedy right "
+              f"{row['greedy_right']:3d}: share of samples right {f(row['right_right_share'])}, "
+              f"below 0.25 {row['right_fragile']:3d}")
         for name, a in row["after"].items():
-            print(f"{prefix}  {name}: gains {a['gained']} (start sampled {a['start_sampled_on_gained']}), "
-                  f"losses {a['lost']} (start sampled {a['start_sampled_on_lost']})")
+            print(f"{prefix}  {name}: gains {a['gained']} (start's share right {a['start_right_share_on_gained']}), "
+                  f"losses {a['lost']} (start's share right {a['start_right_share_on_lost']})")
 
 
 def decision(args, results: Path) -> None:
@@ -505,6 +511,9 @@ def main() -> None:
                    help="also evaluate the start and the RL model greedily on the first N training questions")
     p.add_argument("--out", type=Path, default=Path("rl_ablation"))
     p.add_argument("--metric", default="em", help="the per-question column compared paired (autograph_r1: recall@5)")
+    p.add_argument("--right-from", type=float, default=1.0,
+                   help="--sampled: an answer counts as right where --metric is at least this (1.0: exact match; "
+                        "e.g. 0.5 for f1)")
     p.add_argument("--diagnose", action="store_true", help="sampled rollouts of the SFT model by question type")
     p.add_argument("--decision", action="store_true",
                    help="teacher-forced P(another search) after the first observation, by question type")
