@@ -416,13 +416,13 @@ def headroom(sampled, greedy, after: dict, metric: str, right: float, dataset: s
     other questions, and a question no sample reached can still turn."""
     import polars as pl
 
-    table = sampled.join(greedy.select("id", pl.col(metric).alias("greedy")), on="id", how="left")
-    for name, frame in {"greedy": greedy, **after}.items():
-        if set(frame["id"].to_list()) != set(sampled["id"].to_list()):
+    questions = set(sampled["id"].to_list())
+    table = sampled
+    for name, frame in {"greedy": greedy, **{f"after:{model}": f for model, f in after.items()}}.items():
+        if set(frame["id"].to_list()) != questions:
             raise SystemExit(f"{dataset}: {name}'s greedy predictions and the sampled passes hold different "
                              "questions: not a paired comparison")
-    for name, frame in after.items():
-        table = table.join(frame.select("id", pl.col(metric).alias(f"after:{name}")), on="id", how="left")
+        table = table.join(frame.select("id", pl.col(metric).alias(name)), on="id")
     out = {}
     for label in ["all", *sorted(set(table["question_type"].to_list()) - {None, ""})]:
         x = table if label == "all" else table.filter(pl.col("question_type") == label)
